@@ -1,0 +1,3 @@
+from mooncake_operator.cli import main
+
+raise SystemExit(main())

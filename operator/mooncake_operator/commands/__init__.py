@@ -1,0 +1,1 @@
+"""Subcommands of the `mooncake-operator` CLI, one module each."""

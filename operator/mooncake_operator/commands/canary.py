@@ -1,0 +1,15 @@
+"""`mooncake-operator canary` (being built; see the issue that owns it)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("canary", help="(not available yet)")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    raise SystemExit("mooncake-operator canary: not available in this build yet")
