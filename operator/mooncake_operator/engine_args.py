@@ -1,0 +1,204 @@
+"""The engine's command line, environment and store config: the one source both production and sandbox use.
+
+The Kubernetes renderer and the CPU sandbox both call `replica_launch`, so the sandbox runs what production
+runs except for the substitutions a CPU machine forces (`SandboxSubstitutions`), each of which the sandbox
+prints (`describe_substitutions`). For the customer's example the production argv equals the customer's own
+`vllm serve` arguments item by item, followed by `--host/--port` and `engine.extraArgs`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from mooncake_operator.api import MooncakeServingSpec
+
+VLLM_SERVE = ("vllm", "serve")
+DEFAULT_STORE_CONFIG_PATH = "/etc/vllm/mooncake_store.json"
+KV_CONNECTOR = "MooncakeStoreConnector"
+KV_ROLE = "kv_both"
+
+
+@dataclass(frozen=True)
+class SandboxSubstitutions:
+    """What the CPU sandbox changes from production; each one is printed by the sandbox."""
+
+    # Local tiny target; --served-model-name keeps spec.model.name so the customer's request works unchanged.
+    model_path: str
+    # Local tiny Eagle-3 draft: replaces speculative.model, its revision dropped (a local dir has none).
+    draft_model_path: str | None
+    block_size: int = 32  # CPU attention needs a multiple of 32
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+    global_segment_size: str = "512MB"
+    local_buffer_size: str = "128MB"
+    max_model_len: int | None = None  # None: keep spec.model.maxModelLen
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # PYTHONHASHSEED, MOONCAKE_CONFIG_PATH
+    store_config: Mapping[str, Any]  # exact mooncake_store.json content
+
+
+def _compact_json(value: Mapping[str, Any]) -> str:
+    # The customer's flags are compact JSON with keys in insertion order; keep it byte-for-byte.
+    return json.dumps(value, separators=(",", ":"))
+
+
+def store_config(
+    spec: MooncakeServingSpec, *, master_address: str, substitutions: SandboxSubstitutions | None = None
+) -> dict[str, Any]:
+    """mooncake_store.json: the customer's keys in the customer's order."""
+    store = spec.store
+    segment = store.global_segment_size or "0"
+    local_buffer = store.local_buffer_size
+    if substitutions is not None:
+        segment, local_buffer = substitutions.global_segment_size, substitutions.local_buffer_size
+    return {
+        "mode": store.mode,
+        "metadata_server": store.metadata_server,
+        "master_server_address": master_address,
+        "global_segment_size": segment,
+        "local_buffer_size": local_buffer,
+        "protocol": store.protocol,
+        "device_name": store.device_name,
+        "enable_offload": store.enable_offload,
+    }
+
+
+def kv_transfer_config(spec: MooncakeServingSpec) -> dict[str, Any]:
+    return {
+        "kv_connector": KV_CONNECTOR,
+        "kv_role": KV_ROLE,
+        "kv_connector_extra_config": {"load_async": spec.store.load_async},
+    }
+
+
+def speculative_config(
+    spec: MooncakeServingSpec, substitutions: SandboxSubstitutions | None = None
+) -> dict[str, Any] | None:
+    speculative = spec.speculative
+    if speculative is None:
+        return None
+    config: dict[str, Any] = {"method": speculative.method}
+    if substitutions is None:
+        config["model"] = speculative.model
+        config["revision"] = speculative.revision
+    else:
+        if substitutions.draft_model_path is None:
+            raise ValueError(
+                "the spec enables speculative decoding but the sandbox substitutions give no local draft "
+                "model (draft_model_path)"
+            )
+        config["model"] = substitutions.draft_model_path
+    config["num_speculative_tokens"] = speculative.num_speculative_tokens
+    config["draft_tensor_parallel_size"] = speculative.draft_tensor_parallel_size
+    return config
+
+
+def _model_args(spec: MooncakeServingSpec, entrypoint: Sequence[str], model: str) -> list[str]:
+    # `vllm serve` takes the model as its positional argument; the API server module takes --model.
+    return [model] if tuple(entrypoint) == VLLM_SERVE else ["--model", model]
+
+
+def replica_launch(
+    spec: MooncakeServingSpec,
+    *,
+    master_address: str,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    store_config_path: str = DEFAULT_STORE_CONFIG_PATH,
+    entrypoint: Sequence[str] = VLLM_SERVE,
+    substitutions: SandboxSubstitutions | None = None,
+) -> EngineLaunch:
+    """argv, environment and store config of one replica (all replicas share them but for host/port)."""
+    model = spec.model
+    sub = substitutions
+    argv: list[str] = [*entrypoint]
+    if sub is None:
+        argv += _model_args(spec, entrypoint, model.name)
+        if model.revision is not None:
+            argv += ["--revision", model.revision]
+        if model.tokenizer_revision is not None:
+            argv += ["--tokenizer-revision", model.tokenizer_revision]
+    else:
+        # Local directories have no revisions; the served name keeps the customer's request valid.
+        argv += _model_args(spec, entrypoint, sub.model_path)
+        argv += ["--served-model-name", model.name]
+    if model.trust_remote_code:
+        argv.append("--trust-remote-code")
+    argv += [
+        "--tensor-parallel-size",
+        str(sub.tensor_parallel_size if sub else spec.engine.tensor_parallel_size),
+    ]
+    max_model_len = sub.max_model_len if sub and sub.max_model_len is not None else model.max_model_len
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    argv += ["--block-size", str(sub.block_size if sub else spec.engine.block_size)]
+    if sub is not None and sub.enforce_eager:
+        argv.append("--enforce-eager")
+    argv += ["--kv-transfer-config", _compact_json(kv_transfer_config(spec))]
+    speculative = speculative_config(spec, sub)
+    if speculative is not None:
+        argv += ["--speculative-config", _compact_json(speculative)]
+    argv += ["--host", host, "--port", str(port)]
+    argv += spec.engine.extra_args
+    env = {
+        "PYTHONHASHSEED": str(spec.engine.python_hash_seed),
+        "MOONCAKE_CONFIG_PATH": store_config_path,
+    }
+    config = store_config(spec, master_address=master_address, substitutions=sub)
+    return EngineLaunch(
+        argv=tuple(argv),
+        env=MappingProxyType(env),
+        store_config=MappingProxyType(config),
+    )
+
+
+def master_argv(
+    spec: MooncakeServingSpec,
+    *,
+    rpc_address: str = "0.0.0.0",
+    rpc_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
+    metrics_port: int | None = None,
+    executable: str = "mooncake_master",
+) -> tuple[str, ...]:
+    """The Mooncake master's command line; its HTTP metadata server stays off (store uses P2PHANDSHAKE)."""
+    master = spec.store.master
+    return (
+        executable,
+        f"-rpc_address={rpc_address}",
+        f"-rpc_port={rpc_port if rpc_port is not None else master.rpc_port}",
+        f"-metrics_host={metrics_host}",
+        f"-metrics_port={metrics_port if metrics_port is not None else master.metrics_port}",
+    )
+
+
+def describe_substitutions(spec: MooncakeServingSpec, substitutions: SandboxSubstitutions) -> list[str]:
+    """Human-readable "production X -> sandbox Y" lines, one per setting the sandbox changes."""
+    sub = substitutions
+    model = spec.model
+    pinned = f" @ {model.revision}" if model.revision else ""
+    lines = [f"model: {model.name}{pinned} -> {sub.model_path} (served as {model.name})"]
+    if model.tokenizer_revision:
+        lines.append(f"tokenizer revision: {model.tokenizer_revision} -> (none: local directory)")
+    if spec.speculative is not None:
+        draft = spec.speculative
+        lines.append(f"draft model: {draft.model} @ {draft.revision} -> {sub.draft_model_path}")
+    changes: list[tuple[str, object, object]] = [
+        ("tensor-parallel-size", spec.engine.tensor_parallel_size, sub.tensor_parallel_size),
+        ("block-size", spec.engine.block_size, sub.block_size),
+        ("enforce-eager", False, sub.enforce_eager),
+        ("global_segment_size", spec.store.global_segment_size, sub.global_segment_size),
+        ("local_buffer_size", spec.store.local_buffer_size, sub.local_buffer_size),
+    ]
+    if sub.max_model_len is not None:
+        changes.append(("max-model-len", model.max_model_len, sub.max_model_len))
+    lines += [f"{name}: {before} -> {after}" for name, before, after in changes if before != after]
+    return lines

@@ -1,0 +1,250 @@
+"""The MooncakeServing models: wire format, defaults, and every validation rule with its message."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from mooncake_operator.api import (
+    InvalidResourceError,
+    MooncakeServing,
+    MooncakeServingStatus,
+    parse_quantity,
+    parse_resource,
+    parse_spec,
+    parse_store_size,
+)
+from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def example() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    return loaded
+
+
+def with_change(path: str, value: Any) -> dict[str, Any]:
+    """The example with one field (dotted wire path) set; value None deletes it."""
+    obj = copy.deepcopy(example())
+    *parents, leaf = path.split(".")
+    node = obj
+    for part in parents:
+        node = node.setdefault(part, {})
+    if value is None:
+        node.pop(leaf, None)
+    else:
+        node[leaf] = value
+    return obj
+
+
+def problems_of(obj: dict[str, Any]) -> list[str]:
+    with pytest.raises(InvalidResourceError) as caught:
+        parse_resource(obj)
+    return caught.value.problems
+
+
+def test_committed_example_is_the_packaged_one() -> None:
+    committed = (REPO / "examples" / "minimax-m2.5-eagle3.yaml").read_text(encoding="utf-8")
+    assert committed == customer_deployment_yaml(), (
+        "examples/minimax-m2.5-eagle3.yaml drifted from operator/mooncake_operator/data/: "
+        "copy one onto the other"
+    )
+
+
+def test_customer_example_parses_to_the_customers_settings() -> None:
+    resource = customer_deployment()
+    spec = resource.spec
+    assert resource.metadata.name == "minimax-m25"
+    assert spec.model.name == "MiniMaxAI/MiniMax-M2.5"
+    assert spec.engine.tensor_parallel_size == 4
+    assert spec.engine.block_size == 16
+    assert spec.speculative is not None and spec.speculative.model == "thoughtworks/MiniMax-M2.5-Eagle3"
+    assert spec.store.segment_bytes() == 80 * 1024**3
+    assert spec.store.local_buffer_bytes() == 4 * 1024**3
+    assert spec.canary.request is None  # the customer's request
+
+
+def test_wire_form_round_trips_in_camel_case() -> None:
+    resource = customer_deployment()
+    wire = resource.to_wire()
+    assert wire["spec"]["engine"]["tensorParallelSize"] == 4
+    assert wire["spec"]["store"]["master"]["rpcPort"] == 50051
+    assert MooncakeServing.model_validate(wire) == resource
+
+
+def test_models_are_frozen() -> None:
+    spec = customer_deployment().spec
+    with pytest.raises(ValueError, match="frozen"):
+        spec.replicas = 3  # type: ignore[misc]
+
+
+def test_minimal_resource_gets_documented_defaults() -> None:
+    resource = parse_resource(
+        {
+            "apiVersion": "serving.mooncake-operator.dev/v1alpha1",
+            "kind": "MooncakeServing",
+            "metadata": {"name": "small"},
+            "spec": {
+                "model": {"name": "org/model"},
+                "engine": {"image": "engine:1"},
+                "store": {"globalSegmentSize": "8GB"},
+            },
+        }
+    )
+    spec = resource.spec
+    assert resource.metadata.namespace == "default"
+    assert (spec.replicas, spec.engine.port, spec.engine.block_size, spec.engine.python_hash_seed) == (
+        2,
+        8000,
+        16,
+        0,
+    )
+    assert (spec.store.protocol, spec.store.local_buffer_size, spec.store.load_async) == ("tcp", "4GB", True)
+    assert (spec.store.master.rpc_port, spec.store.master.metrics_port) == (50051, 9003)
+    assert (spec.canary.enabled, spec.canary.pairs, spec.canary.on_failure) == (True, "ring", "Hold")
+    assert spec.speculative is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("80GB", 80 * 1024**3), ("4gb", 4 * 1024**3), ("512MB", 512 * 1024**2), ("1.5 KB", 1536), ("100", 100)],
+)
+def test_store_sizes_parse_as_mooncake_reads_them(text: str, expected: int) -> None:
+    assert parse_store_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["80GiB", "eighty", "", "-1GB", "80 G", "1e3"])
+def test_unparseable_store_sizes_are_rejected(text: str) -> None:
+    with pytest.raises(ValueError, match="cannot parse size"):
+        parse_store_size(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [("64Gi", 64 * 2**30), ("500m", 0.5), ("4", 4), ("1e3", 1000)])
+def test_quantities(text: str, expected: float) -> None:
+    assert parse_quantity(text) == expected
+
+
+# One invalid field at a time: (wire path, value, text the message must contain).
+INVALID = [
+    ("spec.store.globalSegmentSize", "80GiB", "spec.store.globalSegmentSize: cannot parse size '80GiB'"),
+    ("spec.store.localBufferSize", "lots", "cannot parse size 'lots'"),
+    ("spec.store.globalSegmentSize", None, "store.mode embedded needs store.globalSegmentSize > 0"),
+    ("spec.store.globalSegmentSize", "0GB", "store.mode embedded needs store.globalSegmentSize > 0"),
+    ("spec.store.localBufferSize", "0", "store.localBufferSize must be greater than zero"),
+    ("spec.store.protocol", "rdma", "store.protocol rdma needs store.deviceName"),
+    ("spec.store.protocol", "udp", "spec.store.protocol: Input should be 'tcp' or 'rdma'"),
+    ("spec.store.mode", "standalone-store", "spec.store.mode: Input should be 'embedded'"),
+    ("spec.speculative.model", None, "missing: speculative.model"),
+    ("spec.speculative.revision", None, "missing: speculative.revision"),
+    ("spec.speculative.method", "ngram", "spec.speculative.method: Input should be 'eagle3'"),
+    (
+        "spec.engine.tensorParallelSize",
+        0,
+        "spec.engine.tensorParallelSize: Input should be greater than or equal to 1",
+    ),
+    ("spec.engine.blockSize", -16, "spec.engine.blockSize: Input should be greater than or equal to 1"),
+    ("spec.replicas", 1, "replicas is 1 but the canary needs at least 2 replicas"),
+    (
+        "spec.engine.extraArgs",
+        ["--block-size=32"],
+        "must not contain --block-size: it is set from engine.blockSize",
+    ),
+    ("spec.engine.extraArgs", ["--speculative-config", "{}"], "must not contain --speculative-config"),
+    ("spec.engine.extraEnv", [{"name": "PYTHONHASHSEED", "value": "1"}], "must not set PYTHONHASHSEED"),
+    ("spec.engine.resources", {"limits": {"nvidia.com/gpu": 8}}, "must not set nvidia.com/gpu"),
+    ("spec.engine.resources", {"requests": {"memory": "lots"}}, "cannot parse quantity 'lots'"),
+    ("spec.engine.tensorParalelSize", 4, "spec.engine.tensorParalelSize: Extra inputs are not permitted"),
+    ("spec.engine.image", None, "spec.engine.image: Field required"),
+    ("spec.model.cache", {"existingClaim": "hf", "ephemeralSize": "1Ti"}, "set either existingClaim"),
+    ("spec.model.hfToken", "hf_secret", "spec.model.hfToken: Extra inputs are not permitted"),
+    ("spec.store.master.metricsPort", 50051, "rpcPort and metricsPort must differ"),
+    ("spec.canary.onFailure", "Ignore", "Input should be 'Hold' or 'Rollback'"),
+    ("spec.canary.pairs", "all", "Input should be 'ring' or 'first'"),
+    ("metadata.name", "MiniMax", "metadata.name: String should match pattern"),
+    ("metadata.name", "m" * 41, "metadata.name: String should have at most 40 characters"),
+    ("apiVersion", "serving.mooncake-operator.dev/v1", "apiVersion: Input should be"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"), INVALID, ids=[f"{p}={v!r}"[:60] for p, v, _ in INVALID]
+)
+def test_each_invalid_field_is_rejected_with_a_clear_message(path: str, value: Any, message: str) -> None:
+    problems = problems_of(with_change(path, value))
+    assert any(message in problem for problem in problems), problems
+
+
+def test_replicas_one_is_fine_without_the_canary() -> None:
+    obj = with_change("spec.replicas", 1)
+    obj["spec"]["canary"]["enabled"] = False
+    assert parse_resource(obj).spec.replicas == 1
+
+
+def test_rdma_with_a_device_is_accepted() -> None:
+    obj = with_change("spec.store.protocol", "rdma")
+    obj["spec"]["store"]["deviceName"] = "mlx5_0"
+    assert parse_resource(obj).spec.store.device_name == "mlx5_0"
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    obj = with_change("spec.engine.tensorParallelSize", 0)
+    obj["spec"]["store"]["localBufferSize"] = "lots"
+    problems = problems_of(obj)
+    assert len(problems) == 2, problems
+    assert "invalid MooncakeServing" in str(InvalidResourceError(problems))
+
+
+def test_parse_spec_prefixes_paths_with_spec() -> None:
+    spec = copy.deepcopy(example()["spec"])
+    spec["engine"]["blockSize"] = 0
+    with pytest.raises(InvalidResourceError) as caught:
+        parse_spec(spec)
+    assert caught.value.problems[0].startswith("spec.engine.blockSize:")
+
+
+def test_status_models_carry_canary_evidence() -> None:
+    status = MooncakeServingStatus.model_validate(
+        {
+            "phase": "CanaryFailed",
+            "observedGeneration": 3,
+            "conditions": [
+                {
+                    "type": "CanaryPassed",
+                    "status": "False",
+                    "reason": "OutputMismatch",
+                    "message": "replica-1 answered differently from replica-0",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "observedGeneration": 3,
+                }
+            ],
+            "replicas": {"desired": 2, "ready": 2},
+            "canary": {
+                "runId": "r1",
+                "verdict": "Failed",
+                "externalHitTokens": 128,
+                "pairs": [
+                    {
+                        "writer": "minimax-m25-replica-0",
+                        "reader": "minimax-m25-replica-1",
+                        "verdict": "Failed",
+                        "externalHitTokens": 128,
+                        "coldLatencyMs": 812.5,
+                        "warmLatencyMs": 301.0,
+                        "firstMismatch": {"position": 12, "cold": "us-west", "warm": "us-east"},
+                    }
+                ],
+            },
+            "lastGoodRevision": "abc123",
+        }
+    )
+    assert status.canary is not None and status.canary.pairs[0].first_mismatch is not None
+    assert status.to_wire()["canary"]["pairs"][0]["coldLatencyMs"] == 812.5
+    with pytest.raises(ValueError, match="phase"):
+        MooncakeServingStatus.model_validate({"phase": "Running"})

@@ -1,0 +1,227 @@
+"""The engine command line: production equals the customer's `vllm serve` arguments item by item."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from mooncake_operator.api import MooncakeServingSpec
+from mooncake_operator.engine_args import (
+    SandboxSubstitutions,
+    describe_substitutions,
+    master_argv,
+    replica_launch,
+)
+from mooncake_operator.examples import customer_deployment
+
+pytestmark = pytest.mark.unit
+
+# The customer's report, verbatim: `vllm serve` and its arguments (apart from listen ports) ...
+CUSTOMER_ARGV = (
+    "vllm",
+    "serve",
+    "MiniMaxAI/MiniMax-M2.5",
+    "--revision",
+    "f710177d938eff80b684d42c5aa84b382612f21f",
+    "--tokenizer-revision",
+    "f710177d938eff80b684d42c5aa84b382612f21f",
+    "--trust-remote-code",
+    "--tensor-parallel-size",
+    "4",
+    "--max-model-len",
+    "4096",
+    "--block-size",
+    "16",
+    "--kv-transfer-config",
+    '{"kv_connector":"MooncakeStoreConnector","kv_role":"kv_both","kv_connector_extra_config":{"load_async":true}}',
+    "--speculative-config",
+    '{"method":"eagle3","model":"thoughtworks/MiniMax-M2.5-Eagle3",'
+    '"revision":"fb4699b3d33913e6b5e2462dd7962775e44e5fea","num_speculative_tokens":3,'
+    '"draft_tensor_parallel_size":1}',
+)
+# ... its environment ...
+CUSTOMER_ENV = {"PYTHONHASHSEED": "0", "MOONCAKE_CONFIG_PATH": "/etc/vllm/mooncake_store.json"}
+# ... and /etc/vllm/mooncake_store.json, as text so key order is checked too.
+CUSTOMER_STORE_JSON = """{
+  "mode": "embedded",
+  "metadata_server": "P2PHANDSHAKE",
+  "master_server_address": "10.0.0.10:50051",
+  "global_segment_size": "80GB",
+  "local_buffer_size": "4GB",
+  "protocol": "tcp",
+  "device_name": "",
+  "enable_offload": false
+}"""
+
+
+def spec() -> MooncakeServingSpec:
+    return customer_deployment().spec
+
+
+def test_production_argv_equals_the_customers_item_by_item() -> None:
+    launch = replica_launch(spec(), master_address="10.0.0.10:50051", port=8000)
+    assert launch.argv[: len(CUSTOMER_ARGV)] == CUSTOMER_ARGV
+    assert launch.argv[len(CUSTOMER_ARGV) :] == ("--host", "0.0.0.0", "--port", "8000")
+
+
+def test_json_flags_have_the_customers_keys_values_and_order() -> None:
+    argv = replica_launch(spec(), master_address="m:1").argv
+    for flag in ("--kv-transfer-config", "--speculative-config"):
+        ours = json.loads(argv[argv.index(flag) + 1])
+        theirs = json.loads(CUSTOMER_ARGV[CUSTOMER_ARGV.index(flag) + 1])
+        assert list(ours.items()) == list(theirs.items())
+
+
+def test_environment_is_the_customers() -> None:
+    assert dict(replica_launch(spec(), master_address="m:1").env) == CUSTOMER_ENV
+
+
+def test_store_config_equals_the_customers_key_by_key() -> None:
+    config: Mapping[str, Any] = replica_launch(spec(), master_address="10.0.0.10:50051").store_config
+    theirs = json.loads(CUSTOMER_STORE_JSON)
+    assert list(config.items()) == list(theirs.items())
+    assert json.dumps(dict(config), indent=2) == CUSTOMER_STORE_JSON
+
+
+def test_extra_args_follow_host_and_port() -> None:
+    base = spec()
+    custom = base.model_copy(
+        update={"engine": base.engine.model_copy(update={"extra_args": ["--enable-prompt-tokens-details"]})}
+    )
+    argv = replica_launch(custom, master_address="m:1", host="127.0.0.1", port=8123).argv
+    assert argv[-5:] == ("--host", "127.0.0.1", "--port", "8123", "--enable-prompt-tokens-details")
+
+
+def test_load_async_goes_into_the_connector_extra_config() -> None:
+    base = spec()
+    custom = base.model_copy(update={"store": base.store.model_copy(update={"load_async": False})})
+    argv = replica_launch(custom, master_address="m:1").argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector_extra_config"] == {"load_async": False}
+    assert "load_async" not in replica_launch(custom, master_address="m:1").store_config
+
+
+def test_without_speculative_config_there_is_no_speculative_flag() -> None:
+    base = spec()
+    plain = base.model_copy(update={"speculative": None})
+    argv = replica_launch(plain, master_address="m:1").argv
+    assert "--speculative-config" not in argv
+    assert argv[: len(CUSTOMER_ARGV) - 2] == CUSTOMER_ARGV[:-2]
+
+
+def test_other_entrypoints_take_the_model_as_an_option() -> None:
+    entry = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    argv = replica_launch(spec(), master_address="m:1", entrypoint=entry).argv
+    assert argv[:5] == (*entry, "--model", "MiniMaxAI/MiniMax-M2.5")
+
+
+SANDBOX = SandboxSubstitutions(model_path="/tmp/models/target", draft_model_path="/tmp/models/draft")
+
+
+def test_sandbox_argv_substitutes_only_what_a_cpu_forces() -> None:
+    entry = ("python", "-m", "vllm.entrypoints.openai.api_server")
+    launch = replica_launch(
+        spec(),
+        master_address="127.0.0.1:50051",
+        host="127.0.0.1",
+        port=8100,
+        entrypoint=entry,
+        substitutions=SANDBOX,
+    )
+    kv = CUSTOMER_ARGV[CUSTOMER_ARGV.index("--kv-transfer-config") + 1]
+    assert launch.argv == (
+        *entry,
+        "--model",
+        "/tmp/models/target",
+        "--served-model-name",
+        "MiniMaxAI/MiniMax-M2.5",
+        "--trust-remote-code",
+        "--tensor-parallel-size",
+        "1",
+        "--max-model-len",
+        "4096",
+        "--block-size",
+        "32",
+        "--enforce-eager",
+        "--kv-transfer-config",
+        kv,
+        "--speculative-config",
+        '{"method":"eagle3","model":"/tmp/models/draft","num_speculative_tokens":3,"draft_tensor_parallel_size":1}',
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8100",
+    )
+    assert dict(launch.env) == CUSTOMER_ENV
+    assert dict(launch.store_config) == {
+        **json.loads(CUSTOMER_STORE_JSON),
+        "master_server_address": "127.0.0.1:50051",
+        "global_segment_size": "512MB",
+        "local_buffer_size": "128MB",
+    }
+
+
+def test_sandbox_max_model_len_substitution() -> None:
+    sub = SandboxSubstitutions(
+        model_path="/m", draft_model_path="/d", max_model_len=1024, enforce_eager=False
+    )
+    argv = replica_launch(spec(), master_address="m:1", substitutions=sub).argv
+    assert argv[argv.index("--max-model-len") + 1] == "1024"
+    assert "--enforce-eager" not in argv
+
+
+def test_sandbox_without_a_draft_for_an_eagle_spec_is_an_error() -> None:
+    sub = SandboxSubstitutions(model_path="/m", draft_model_path=None)
+    with pytest.raises(ValueError, match="draft_model_path"):
+        replica_launch(spec(), master_address="m:1", substitutions=sub)
+
+
+def test_sandbox_without_speculative_ignores_the_draft() -> None:
+    plain = spec().model_copy(update={"speculative": None})
+    argv = replica_launch(plain, master_address="m:1", substitutions=SANDBOX).argv
+    assert "--speculative-config" not in argv
+
+
+def test_describe_substitutions_names_every_change() -> None:
+    lines = describe_substitutions(spec(), SANDBOX)
+    assert lines == [
+        "model: MiniMaxAI/MiniMax-M2.5 @ f710177d938eff80b684d42c5aa84b382612f21f -> /tmp/models/target "
+        "(served as MiniMaxAI/MiniMax-M2.5)",
+        "tokenizer revision: f710177d938eff80b684d42c5aa84b382612f21f -> (none: local directory)",
+        "draft model: thoughtworks/MiniMax-M2.5-Eagle3 @ fb4699b3d33913e6b5e2462dd7962775e44e5fea "
+        "-> /tmp/models/draft",
+        "tensor-parallel-size: 4 -> 1",
+        "block-size: 16 -> 32",
+        "enforce-eager: False -> True",
+        "global_segment_size: 80GB -> 512MB",
+        "local_buffer_size: 4GB -> 128MB",
+    ]
+
+
+def test_master_argv_defaults_and_overrides() -> None:
+    assert master_argv(spec()) == (
+        "mooncake_master",
+        "-rpc_address=0.0.0.0",
+        "-rpc_port=50051",
+        "-metrics_host=0.0.0.0",
+        "-metrics_port=9003",
+    )
+    argv = master_argv(
+        spec(),
+        rpc_address="127.0.0.1",
+        rpc_port=6001,
+        metrics_host="127.0.0.1",
+        metrics_port=6002,
+        executable="/venv/bin/mooncake_master",
+    )
+    assert argv == (
+        "/venv/bin/mooncake_master",
+        "-rpc_address=127.0.0.1",
+        "-rpc_port=6001",
+        "-metrics_host=127.0.0.1",
+        "-metrics_port=6002",
+    )
+    assert not any("http_metadata" in arg for arg in argv)
