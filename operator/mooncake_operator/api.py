@@ -62,13 +62,12 @@ def _check_store_size(value: str) -> str:
     return value
 
 
+# The pattern goes into the CRD only, so pydantic reports the friendlier message of `parse_store_size`.
+STORE_SIZE_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*([gGmMkK]?[bB])?\s*$"
 StoreSize = Annotated[
     str,
     AfterValidator(_check_store_size),
-    Field(
-        pattern=r"^\s*[0-9]+(\.[0-9]+)?\s*([gGmMkK]?[bB])?\s*$",
-        examples=["80GB", "4GB", "512MB"],
-    ),
+    Field(json_schema_extra={"pattern": STORE_SIZE_PATTERN}),
 ]
 
 # Kubernetes resource quantities ("64Gi", "500m", "4"): resource.Quantity's grammar.
@@ -122,11 +121,12 @@ Quantity = Annotated[str | int, AfterValidator(_check_quantity)]
 
 
 class ApiModel(BaseModel):
-    """Frozen, camelCase on the wire, unknown fields rejected."""
+    """Frozen, camelCase on the wire, unknown fields rejected, no type coercion (as the API server)."""
 
     model_config = ConfigDict(
         frozen=True,
         extra="forbid",
+        strict=True,
         populate_by_name=True,
         alias_generator=to_camel,
         validate_default=True,
