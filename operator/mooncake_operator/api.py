@@ -260,6 +260,11 @@ class EngineSpec(ApiModel):
         default=None, description="Size limit of the memory-backed /dev/shm (unlimited when unset)."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="HTTP port of the OpenAI-compatible server.")
+    startup_timeout_seconds: int = Field(
+        default=3600,
+        ge=10,
+        description="How long a replica may take to download and load its weights before it is restarted.",
+    )
 
     @model_validator(mode="after")
     def _no_managed_settings(self) -> EngineSpec:

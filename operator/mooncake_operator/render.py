@@ -1,0 +1,467 @@
+"""Pure builders: a validated MooncakeServing -> the manifests of every child object (no I/O, no client).
+
+Children of a resource named NAME in namespace NS:
+
+  ConfigMap    NAME-store-config   mooncake_store.json, master address = the master Service
+  Service      NAME-master         RPC (50051) and metrics (9003) of the Mooncake master
+  Deployment   NAME-master         one mooncake_master, Recreate (never two masters)
+  Service      NAME-replicas       headless: NAME-replica-<i>.NAME-replicas.NS.svc for the canary
+  StatefulSet  NAME-replica        the vLLM replicas, one pod template (so hash seed, block size and
+                                   connector settings cannot diverge), stable identities
+  Service      NAME                client traffic: only replica pods labelled TRAFFIC_LABEL=on
+
+The replica command line, environment and store config come from `engine_args`, the module the sandbox
+uses too. Every object carries the app.kubernetes.io labels and a controller owner reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import posixpath
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import yaml
+
+from mooncake_operator import api
+from mooncake_operator.api import MooncakeServing, MooncakeServingSpec, ResourceRequirements
+from mooncake_operator.engine_args import DEFAULT_STORE_CONFIG_PATH, master_argv, replica_launch
+
+Manifest = dict[str, Any]
+
+MANAGED_BY = "mooncake-operator"
+PART_OF = "mooncake-serving"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+
+# The client Service selects only replica pods carrying TRAFFIC_LABEL=TRAFFIC_ON. Pods start with it; the
+# operator sets it to TRAFFIC_OFF on a pod to take a replica out of user traffic (canary failure, Hold)
+# without touching the pod template, so no rollout is triggered.
+TRAFFIC_LABEL = f"{api.GROUP}/traffic"
+TRAFFIC_ON = "on"
+TRAFFIC_OFF = "off"
+# Hash of the store config on the pod template: a config change rolls the replicas.
+CONFIG_HASH_ANNOTATION = f"{api.GROUP}/config-hash"
+
+COMPONENT_MASTER = "store-master"
+COMPONENT_STORE_CONFIG = "store-config"
+COMPONENT_REPLICA = "engine"
+
+# The ConfigMap is mounted as the directory of the path engine_args puts into MOONCAKE_CONFIG_PATH.
+STORE_CONFIG_DIR, STORE_CONFIG_KEY = posixpath.split(DEFAULT_STORE_CONFIG_PATH)
+HF_HOME = "/root/.cache/huggingface"
+ENGINE_CONTAINER = "vllm"
+MASTER_CONTAINER = "mooncake-master"
+HTTP_PORT_NAME = "http"
+RPC_PORT_NAME = "rpc"
+METRICS_PORT_NAME = "metrics"
+HEALTH_PATH = "/health"
+STARTUP_PROBE_PERIOD_SECONDS = 10
+
+
+@dataclass(frozen=True)
+class ChildNames:
+    store_config: str
+    master: str  # Deployment and its Service
+    replicas: str  # StatefulSet; pods are f"{replicas}-{ordinal}"
+    headless_service: str
+    client_service: str
+
+    @classmethod
+    def of(cls, name: str) -> ChildNames:
+        return cls(
+            store_config=f"{name}-store-config",
+            master=f"{name}-master",
+            replicas=f"{name}-replica",
+            headless_service=f"{name}-replicas",
+            client_service=name,
+        )
+
+
+# --- small helpers ---------------------------------------------------------------------------------------
+
+
+def labels(resource: MooncakeServing, app_name: str, component: str) -> dict[str, str]:
+    return {
+        LABEL_NAME: app_name,
+        LABEL_INSTANCE: resource.metadata.name,
+        LABEL_COMPONENT: component,
+        LABEL_PART_OF: PART_OF,
+        LABEL_MANAGED_BY: MANAGED_BY,
+    }
+
+
+def selector(resource: MooncakeServing, component: str) -> dict[str, str]:
+    """Pod selector: immutable on Deployments and StatefulSets, so only labels that never change."""
+    return {LABEL_INSTANCE: resource.metadata.name, LABEL_COMPONENT: component}
+
+
+def owner_reference(resource: MooncakeServing, owner_uid: str) -> dict[str, Any]:
+    """The controller reference that lets the garbage collector remove children with their owner."""
+    return {
+        "apiVersion": resource.api_version,
+        "kind": resource.kind,
+        "name": resource.metadata.name,
+        "uid": owner_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def object_meta(
+    resource: MooncakeServing, name: str, object_labels: dict[str, str], owner_uid: str | None
+) -> dict[str, Any]:
+    """Metadata of a child. Without an owner uid (the resource does not exist yet, e.g. `render` for
+    review) there is no owner reference: one with an invented uid would get the child garbage-collected."""
+    meta: dict[str, Any] = {"name": name, "namespace": resource.metadata.namespace, "labels": object_labels}
+    if owner_uid is not None:
+        meta["ownerReferences"] = [owner_reference(resource, owner_uid)]
+    return meta
+
+
+def format_bytes(value: Decimal | int) -> str:
+    """A byte count as the largest exact binary quantity ("344Gi", "1536Mi", "100")."""
+    whole = math.ceil(value)
+    for suffix, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if whole and whole % size == 0:
+            return f"{whole // size}{suffix}"
+    return str(whole)
+
+
+def store_memory_bytes(spec: MooncakeServingSpec) -> int:
+    """Host memory the store takes in one replica: every tensor-parallel worker mounts its own segment
+    (embedded mode) and allocates its own local transfer buffer."""
+    per_worker = spec.store.local_buffer_bytes()
+    if spec.store.mode == "embedded":
+        per_worker += spec.store.segment_bytes()
+    return spec.engine.tensor_parallel_size * per_worker
+
+
+def _resources(requirements: ResourceRequirements) -> dict[str, dict[str, str | int]]:
+    out: dict[str, dict[str, str | int]] = {}
+    if requirements.requests:
+        out["requests"] = dict(requirements.requests)
+    if requirements.limits:
+        out["limits"] = dict(requirements.limits)
+    return out
+
+
+def replica_resources(spec: MooncakeServingSpec) -> dict[str, dict[str, str | int]]:
+    """engine.resources plus the GPUs (= tensor-parallel size) and the store's memory.
+
+    The store's memory is added to the memory request (so the scheduler reserves it) and to a memory
+    limit when one is set (so the segment cannot push the engine over it).
+    """
+    requests: dict[str, str | int] = dict(spec.engine.resources.requests)
+    limits: dict[str, str | int] = dict(spec.engine.resources.limits)
+    store = store_memory_bytes(spec)
+    requests["memory"] = format_bytes(api.parse_quantity(requests.get("memory", 0)) + store)
+    if "memory" in limits:
+        limits["memory"] = format_bytes(api.parse_quantity(limits["memory"]) + store)
+    gpus = str(spec.engine.tensor_parallel_size)
+    requests[api.GPU_RESOURCE] = gpus
+    limits[api.GPU_RESOURCE] = gpus  # extended resources must have limit == request
+    return {"requests": requests, "limits": limits}
+
+
+def store_config_json(resource: MooncakeServing) -> str:
+    launch = replica_launch(resource.spec, master_address=master_address(resource))
+    return json.dumps(dict(launch.store_config), indent=2) + "\n"
+
+
+def config_hash(resource: MooncakeServing) -> str:
+    return hashlib.sha256(store_config_json(resource).encode()).hexdigest()[:16]
+
+
+def spec_hash(spec: MooncakeServingSpec) -> str:
+    """A short stable digest of a spec (e.g. to record the last good revision)."""
+    canonical = json.dumps(spec.to_wire(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def master_address(resource: MooncakeServing) -> str:
+    names = ChildNames.of(resource.metadata.name)
+    return f"{names.master}.{resource.metadata.namespace}.svc:{resource.spec.store.master.rpc_port}"
+
+
+def replica_pod_names(resource: MooncakeServing) -> list[str]:
+    names = ChildNames.of(resource.metadata.name)
+    return [f"{names.replicas}-{ordinal}" for ordinal in range(resource.spec.replicas)]
+
+
+def replica_urls(resource: MooncakeServing) -> list[str]:
+    """Per-replica base URLs through the headless Service, in ordinal order (what the canary addresses)."""
+    names = ChildNames.of(resource.metadata.name)
+    namespace = resource.metadata.namespace
+    port = resource.spec.engine.port
+    return [
+        f"http://{pod}.{names.headless_service}.{namespace}.svc:{port}" for pod in replica_pod_names(resource)
+    ]
+
+
+def _http_probe(period: int, failures: int, timeout: int = 5) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": HTTP_PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+# --- builders ------------------------------------------------------------------------------------------
+
+
+def store_config_map(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names = ChildNames.of(resource.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(
+            resource,
+            names.store_config,
+            labels(resource, "mooncake-store", COMPONENT_STORE_CONFIG),
+            owner_uid,
+        ),
+        "data": {STORE_CONFIG_KEY: store_config_json(resource)},
+    }
+
+
+def master_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names = ChildNames.of(resource.metadata.name)
+    master = resource.spec.store.master
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            resource, names.master, labels(resource, "mooncake-master", COMPONENT_MASTER), owner_uid
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(resource, COMPONENT_MASTER),
+            "ports": [
+                {
+                    "name": RPC_PORT_NAME,
+                    "port": master.rpc_port,
+                    "targetPort": RPC_PORT_NAME,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": METRICS_PORT_NAME,
+                    "port": master.metrics_port,
+                    "targetPort": METRICS_PORT_NAME,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def master_deployment(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names = ChildNames.of(resource.metadata.name)
+    spec = resource.spec
+    master = spec.store.master
+    pod_labels = labels(resource, "mooncake-master", COMPONENT_MASTER)
+    container: dict[str, Any] = {
+        "name": MASTER_CONTAINER,
+        "image": master.image or spec.engine.image,
+        "command": list(master_argv(spec)),
+        "ports": [
+            {"name": RPC_PORT_NAME, "containerPort": master.rpc_port, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": master.metrics_port, "protocol": "TCP"},
+        ],
+        "readinessProbe": {"tcpSocket": {"port": RPC_PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": METRICS_PORT_NAME},
+            "initialDelaySeconds": 10,
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 6,
+        },
+    }
+    resources = _resources(master.resources)
+    if resources:
+        container["resources"] = resources
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(resource, names.master, pod_labels, owner_uid),
+        "spec": {
+            "replicas": 1,
+            # Two masters would split the store's metadata; the old one must be gone first.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": selector(resource, COMPONENT_MASTER)},
+            "template": {
+                "metadata": {"labels": dict(pod_labels)},
+                "spec": {"containers": [container]},
+            },
+        },
+    }
+
+
+def headless_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names = ChildNames.of(resource.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            resource, names.headless_service, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid
+        ),
+        "spec": {
+            "clusterIP": "None",
+            # Every replica stays addressable by name, ready or not, so the canary can reach each one.
+            "publishNotReadyAddresses": True,
+            "selector": selector(resource, COMPONENT_REPLICA),
+            "ports": [_http_service_port(resource)],
+        },
+    }
+
+
+def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names = ChildNames.of(resource.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            resource, names.client_service, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {**selector(resource, COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_ON},
+            "ports": [_http_service_port(resource)],
+        },
+    }
+
+
+def _http_service_port(resource: MooncakeServing) -> dict[str, Any]:
+    port = resource.spec.engine.port
+    return {"name": HTTP_PORT_NAME, "port": port, "targetPort": HTTP_PORT_NAME, "protocol": "TCP"}
+
+
+def _replica_env(spec: MooncakeServingSpec, launch_env: dict[str, str]) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in launch_env.items()]
+    env.append({"name": "HF_HOME", "value": HF_HOME})
+    secret = spec.model.hf_token_secret_ref
+    if secret is not None:
+        env.append(
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
+        )
+    env += [{"name": item.name, "value": item.value} for item in spec.engine.extra_env]
+    return env
+
+
+def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
+    spec = resource.spec
+    names = ChildNames.of(resource.metadata.name)
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.engine.shared_memory_size is not None:
+        shm["sizeLimit"] = spec.engine.shared_memory_size
+    cache = spec.model.cache
+    hf_cache: dict[str, Any]
+    if cache.existing_claim is not None:
+        hf_cache = {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache.existing_claim}}
+    else:
+        empty_dir: dict[str, Any] = {}
+        if cache.ephemeral_size is not None:
+            empty_dir["sizeLimit"] = cache.ephemeral_size
+        hf_cache = {"name": "hf-cache", "emptyDir": empty_dir}
+    return [
+        {"name": "store-config", "configMap": {"name": names.store_config}},
+        {"name": "dshm", "emptyDir": shm},
+        hf_cache,
+    ]
+
+
+def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names = ChildNames.of(resource.metadata.name)
+    spec = resource.spec
+    launch = replica_launch(
+        spec,
+        master_address=master_address(resource),
+        port=spec.engine.port,
+        store_config_path=DEFAULT_STORE_CONFIG_PATH,
+    )
+    pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_ON}
+    container = {
+        "name": ENGINE_CONTAINER,
+        "image": spec.engine.image,
+        "command": list(launch.argv),
+        "env": _replica_env(spec, dict(launch.env)),
+        "ports": [{"name": HTTP_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}],
+        # Weights download and load can take long; the startup probe bounds it, then /health is watched.
+        "startupProbe": _http_probe(
+            STARTUP_PROBE_PERIOD_SECONDS,
+            math.ceil(spec.engine.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS),
+        ),
+        "readinessProbe": _http_probe(period=5, failures=3),
+        "livenessProbe": _http_probe(period=10, failures=6),
+        "resources": replica_resources(spec),
+        "volumeMounts": [
+            {"name": "store-config", "mountPath": STORE_CONFIG_DIR, "readOnly": True},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "hf-cache", "mountPath": HF_HOME},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(
+            resource, names.replicas, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid
+        ),
+        "spec": {
+            "serviceName": names.headless_service,
+            "replicas": spec.replicas,
+            # Replicas do not depend on each other; start and replace them in parallel (loading is slow).
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector(resource, COMPONENT_REPLICA)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(resource)},
+                },
+                "spec": {
+                    "terminationGracePeriodSeconds": 60,
+                    "containers": [container],
+                    "volumes": _replica_volumes(resource),
+                },
+            },
+        },
+    }
+
+
+def render_all(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:
+    """Every child object, in apply order: config and master first, replicas next, services for them."""
+    return [
+        store_config_map(resource, owner_uid=owner_uid),
+        master_service(resource, owner_uid=owner_uid),
+        master_deployment(resource, owner_uid=owner_uid),
+        headless_service(resource, owner_uid=owner_uid),
+        replica_stateful_set(resource, owner_uid=owner_uid),
+        client_service(resource, owner_uid=owner_uid),
+    ]
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Readable manifests: no anchors/aliases, multi-line strings (the store config) as literal blocks."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _represent_str)
+
+
+def to_yaml_stream(manifests: list[Manifest]) -> str:
+    """Manifests as one YAML stream ("---"-separated documents), keys in builder order."""
+    return yaml.dump_all(manifests, Dumper=_ManifestDumper, sort_keys=False, explicit_start=True, width=120)

@@ -1,0 +1,402 @@
+"""The pure renderer: golden manifests, offline schema validation, and the properties each child must have.
+
+Golden files live in tests/unit/golden/. After an intended change, regenerate them with
+    MOONCAKE_OPERATOR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_render.py
+and review the diff before committing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from tests.unit.customer_seed import CUSTOMER_ARGV, CUSTOMER_ENV, CUSTOMER_STORE_JSON
+
+from mooncake_operator import render
+from mooncake_operator.api import MooncakeServing, parse_resource
+from mooncake_operator.cli import main
+from mooncake_operator.engine_args import replica_launch
+from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
+
+pytestmark = pytest.mark.unit
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("MOONCAKE_OPERATOR_UPDATE_GOLDEN") == "1"
+OWNER_UID = "5b0c1d7e-0000-4000-8000-000000000001"
+# The oldest and newest Kubernetes schemas kubernetes-validate ships (offline, in the package).
+KUBERNETES_VERSIONS = ("1.25.0", "1.37.0")
+
+
+def example_dict() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    return loaded
+
+
+def small_variant() -> MooncakeServing:
+    """Everything the example does not use: PVC cache, no Eagle, rdma, no canary, one replica, extras."""
+    obj = example_dict()
+    obj["metadata"] = {"name": "small", "namespace": "serving"}
+    spec = obj["spec"]
+    del spec["speculative"]
+    spec["replicas"] = 1
+    spec["canary"] = {"enabled": False}
+    spec["model"] = {"name": "org/model", "cache": {"existingClaim": "hf-cache"}}
+    spec["engine"] = {
+        "image": "engine:1",
+        "extraArgs": ["--enable-prompt-tokens-details"],
+        "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+        "sharedMemorySize": "16Gi",
+        "port": 8080,
+    }
+    spec["store"] = {
+        "protocol": "rdma",
+        "deviceName": "mlx5_0",
+        "globalSegmentSize": "512MB",
+        "localBufferSize": "128MB",
+        "loadAsync": False,
+        "master": {"image": "master:1", "rpcPort": 6000, "metricsPort": 6001},
+    }
+    return parse_resource(obj)
+
+
+CASES = {"minimax-m2.5-eagle3": customer_deployment, "small-variant": small_variant}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rendered_manifests_match_the_golden_file(case: str) -> None:
+    rendered = render.to_yaml_stream(render.render_all(CASES[case](), owner_uid=OWNER_UID))
+    path = GOLDEN / f"{case}.yaml"
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(rendered, encoding="utf-8")
+    assert path.exists(), f"{path} is missing: run with MOONCAKE_OPERATOR_UPDATE_GOLDEN=1 to create it"
+    assert rendered == path.read_text(encoding="utf-8"), (
+        f"{path.name} differs from the renderer's output; if the change is intended, "
+        "rerun with MOONCAKE_OPERATOR_UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+def all_manifests() -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{case}/{manifest['kind']}/{manifest['metadata']['name']}", manifest)
+        for case, build in sorted(CASES.items())
+        for manifest in render.render_all(build(), owner_uid=OWNER_UID)
+    ]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize(("label", "manifest"), all_manifests(), ids=[label for label, _ in all_manifests()])
+def test_every_rendered_object_is_valid_kubernetes(
+    label: str, manifest: dict[str, Any], version: str
+) -> None:
+    kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_offline_validation_does_catch_a_bad_manifest() -> None:
+    stateful_set = render.replica_stateful_set(customer_deployment(), owner_uid=OWNER_UID)
+    stateful_set["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(stateful_set, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_children_in_apply_order_with_stable_names() -> None:
+    kinds_and_names = [
+        (m["kind"], m["metadata"]["name"]) for m in render.render_all(customer_deployment(), owner_uid="u")
+    ]
+    assert kinds_and_names == [
+        ("ConfigMap", "minimax-m25-store-config"),
+        ("Service", "minimax-m25-master"),
+        ("Deployment", "minimax-m25-master"),
+        ("Service", "minimax-m25-replicas"),
+        ("StatefulSet", "minimax-m25-replica"),
+        ("Service", "minimax-m25"),
+    ]
+
+
+def test_every_child_is_owned_labelled_and_namespaced() -> None:
+    resource = customer_deployment()
+    for manifest in render.render_all(resource, owner_uid=OWNER_UID):
+        meta = manifest["metadata"]
+        assert meta["namespace"] == "default"
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "serving.mooncake-operator.dev/v1alpha1",
+                "kind": "MooncakeServing",
+                "name": "minimax-m25",
+                "uid": OWNER_UID,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        for key in ("name", "instance", "component", "managed-by", "part-of"):
+            assert meta["labels"][f"app.kubernetes.io/{key}"], (manifest["kind"], key)
+        assert meta["labels"]["app.kubernetes.io/instance"] == "minimax-m25"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "mooncake-operator"
+
+
+def test_without_an_owner_uid_there_is_no_owner_reference() -> None:
+    for manifest in render.render_all(customer_deployment(), owner_uid=None):
+        assert "ownerReferences" not in manifest["metadata"]
+
+
+def replica_container(resource: MooncakeServing) -> dict[str, Any]:
+    stateful_set = render.replica_stateful_set(resource, owner_uid=OWNER_UID)
+    container: dict[str, Any] = stateful_set["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def test_replica_command_is_the_customers_argv_item_by_item() -> None:
+    command = replica_container(customer_deployment())["command"]
+    assert tuple(command[: len(CUSTOMER_ARGV)]) == CUSTOMER_ARGV
+    assert command[len(CUSTOMER_ARGV) :] == ["--host", "0.0.0.0", "--port", "8000"]
+
+
+def test_replica_command_comes_from_engine_args() -> None:
+    resource = small_variant()
+    launch = replica_launch(resource.spec, master_address=render.master_address(resource), port=8080)
+    assert replica_container(resource)["command"] == list(launch.argv)
+
+
+def test_store_config_map_is_the_customers_json_with_the_master_service_address() -> None:
+    config_map = render.store_config_map(customer_deployment(), owner_uid=OWNER_UID)
+    text = config_map["data"]["mooncake_store.json"]
+    ours, theirs = json.loads(text), json.loads(CUSTOMER_STORE_JSON)
+    assert list(ours) == list(theirs)
+    for key in theirs:
+        expected = "minimax-m25-master.default.svc:50051" if key == "master_server_address" else theirs[key]
+        assert ours[key] == expected, key
+
+
+def test_replica_env_mounts_and_secret() -> None:
+    container = replica_container(customer_deployment())
+    env = {item["name"]: item for item in container["env"]}
+    for name, value in CUSTOMER_ENV.items():
+        assert env[name] == {"name": name, "value": value}
+    assert env["HF_TOKEN"] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    }
+    mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    assert mounts["/etc/vllm"] == "store-config"
+    assert mounts["/dev/shm"] == "dshm"
+    assert mounts[env["HF_HOME"]["value"]] == "hf-cache"
+    assert not any("value" in item and item["value"].startswith("hf_") for item in container["env"])
+
+
+def test_volumes_shm_is_memory_backed_and_cache_is_ephemeral_or_a_claim() -> None:
+    def volumes(resource: MooncakeServing) -> dict[str, dict[str, Any]]:
+        stateful_set = render.replica_stateful_set(resource, owner_uid=OWNER_UID)
+        return {v["name"]: v for v in stateful_set["spec"]["template"]["spec"]["volumes"]}
+
+    example = volumes(customer_deployment())
+    assert example["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert example["hf-cache"]["emptyDir"] == {"sizeLimit": "600Gi"}
+    assert example["store-config"]["configMap"] == {"name": "minimax-m25-store-config"}
+    variant = volumes(small_variant())
+    assert variant["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert variant["hf-cache"]["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+
+
+def test_gpus_equal_tensor_parallel_size_and_memory_adds_the_store() -> None:
+    resources = replica_container(customer_deployment())["resources"]
+    # 4 tensor-parallel workers, each mounting an 80GB segment and a 4GB local buffer.
+    store = 4 * (80 + 4)
+    assert resources["requests"] == {"cpu": "16", "memory": f"{128 + store}Gi", "nvidia.com/gpu": "4"}
+    assert resources["limits"] == {"memory": f"{192 + store}Gi", "nvidia.com/gpu": "4"}
+
+
+def test_memory_request_without_a_user_request_is_the_store_alone() -> None:
+    resources = replica_container(small_variant())["resources"]
+    assert resources["requests"]["memory"] == "640Mi"  # 1 worker * (512MB + 128MB)
+    assert "memory" not in resources["limits"]
+
+
+def test_probes_watch_health() -> None:
+    container = replica_container(customer_deployment())
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+
+
+def test_master_runs_from_the_engine_image_with_its_ports() -> None:
+    deployment = render.master_deployment(customer_deployment(), owner_uid=OWNER_UID)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == customer_deployment().spec.engine.image
+    assert container["command"][0] == "mooncake_master"
+    assert "-rpc_port=50051" in container["command"] and "-metrics_port=9003" in container["command"]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"rpc": 50051, "metrics": 9003}
+    assert container["readinessProbe"] and container["livenessProbe"]
+    assert container["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
+    assert (
+        render.master_deployment(small_variant(), owner_uid=None)["spec"]["template"]["spec"]["containers"][
+            0
+        ]["image"]
+        == "master:1"
+    )
+
+
+def test_selectors_match_the_pods_they_are_for() -> None:
+    resource = customer_deployment()
+    by_name = {
+        (m["kind"], m["metadata"]["name"]): m for m in render.render_all(resource, owner_uid=OWNER_UID)
+    }
+    stateful_set = by_name[("StatefulSet", "minimax-m25-replica")]
+    pod_labels = stateful_set["spec"]["template"]["metadata"]["labels"]
+    master = by_name[("Deployment", "minimax-m25-master")]
+    master_pod_labels = master["spec"]["template"]["metadata"]["labels"]
+
+    def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in selector.items())
+
+    assert selects(stateful_set["spec"]["selector"]["matchLabels"], pod_labels)
+    assert selects(by_name[("Service", "minimax-m25-replicas")]["spec"]["selector"], pod_labels)
+    assert selects(by_name[("Service", "minimax-m25")]["spec"]["selector"], pod_labels)
+    assert selects(by_name[("Service", "minimax-m25-master")]["spec"]["selector"], master_pod_labels)
+    assert not selects(by_name[("Service", "minimax-m25-master")]["spec"]["selector"], pod_labels)
+    assert stateful_set["spec"]["serviceName"] == "minimax-m25-replicas"
+    assert by_name[("Service", "minimax-m25-replicas")]["spec"]["clusterIP"] == "None"
+
+
+def test_traffic_label_takes_a_pod_out_of_the_client_service_only() -> None:
+    resource = customer_deployment()
+    pod_labels = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_ON
+    off = {**pod_labels, render.TRAFFIC_LABEL: render.TRAFFIC_OFF}
+    client = render.client_service(resource, owner_uid=None)["spec"]["selector"]
+    headless = render.headless_service(resource, owner_uid=None)["spec"]["selector"]
+    stateful_set = render.replica_stateful_set(resource, owner_uid=None)["spec"]["selector"]["matchLabels"]
+    assert not all(off.get(k) == v for k, v in client.items())  # out of user traffic
+    assert all(off.get(k) == v for k, v in headless.items())  # still reachable by the canary
+    assert all(off.get(k) == v for k, v in stateful_set.items())  # still owned by its StatefulSet
+
+
+def with_spec(change: dict[str, Any]) -> MooncakeServing:
+    obj = example_dict()
+    for dotted, value in change.items():
+        *parents, leaf = dotted.split(".")
+        node = obj["spec"]
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return parse_resource(obj)
+
+
+def template_annotations(resource: MooncakeServing) -> dict[str, str]:
+    annotations: dict[str, str] = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"][
+        "metadata"
+    ]["annotations"]
+    return annotations
+
+
+def test_a_store_config_change_changes_the_pod_template_hash() -> None:
+    base = template_annotations(customer_deployment())[render.CONFIG_HASH_ANNOTATION]
+    assert template_annotations(customer_deployment())[render.CONFIG_HASH_ANNOTATION] == base
+    for change in (
+        {"store.globalSegmentSize": "40GB"},
+        {"store.enableOffload": True},
+        {"store.master.rpcPort": 50052},
+    ):
+        assert template_annotations(with_spec(change))[render.CONFIG_HASH_ANNOTATION] != base, change
+    assert template_annotations(with_spec({"replicas": 3}))[render.CONFIG_HASH_ANNOTATION] == base
+
+
+def test_replica_urls_address_every_pod_through_the_headless_service() -> None:
+    resource = with_spec({"replicas": 3})
+    assert render.replica_pod_names(resource) == [f"minimax-m25-replica-{i}" for i in range(3)]
+    assert render.replica_urls(resource) == [
+        f"http://minimax-m25-replica-{i}.minimax-m25-replicas.default.svc:8000" for i in range(3)
+    ]
+
+
+def test_builders_are_pure_and_return_fresh_objects() -> None:
+    resource = customer_deployment()
+    first = render.render_all(resource, owner_uid=OWNER_UID)
+    snapshot = copy.deepcopy(first)
+    first[4]["spec"]["template"]["metadata"]["labels"]["mutated"] = "yes"
+    first[2]["metadata"]["labels"]["mutated"] = "yes"
+    assert render.render_all(resource, owner_uid=OWNER_UID) == snapshot
+    assert "mutated" not in first[2]["spec"]["template"]["metadata"]["labels"]
+
+
+def test_spec_hash_is_stable_and_sensitive() -> None:
+    spec = customer_deployment().spec
+    assert render.spec_hash(spec) == render.spec_hash(customer_deployment().spec)
+    assert render.spec_hash(with_spec({"engine.blockSize": 32}).spec) != render.spec_hash(spec)
+
+
+def test_format_bytes() -> None:
+    assert render.format_bytes(344 * 2**30) == "344Gi"
+    assert render.format_bytes(1536 * 2**20) == "1536Mi"
+    assert render.format_bytes(100) == "100"
+    assert render.format_bytes(0) == "0"
+
+
+# --- the command ----------------------------------------------------------------------------------------
+
+
+def test_render_command_prints_the_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["render", "-f", str(Path(__file__).parents[2] / "examples" / "minimax-m2.5-eagle3.yaml")]) == 0
+    )
+    out = capsys.readouterr().out
+    assert out == render.to_yaml_stream(render.render_all(customer_deployment(), owner_uid=None))
+    assert [doc["kind"] for doc in yaml.safe_load_all(out)] == [
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "Service",
+        "StatefulSet",
+        "Service",
+    ]
+
+
+def test_render_command_owner_uid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "mcs.yaml"
+    path.write_text(customer_deployment_yaml(), encoding="utf-8")
+    assert main(["render", "-f", str(path), "--owner-uid", OWNER_UID]) == 0
+    for doc in yaml.safe_load_all(capsys.readouterr().out):
+        assert doc["metadata"]["ownerReferences"][0]["uid"] == OWNER_UID
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("", "no MooncakeServing found"),
+        ("- a\n- b\n", "expected a MooncakeServing mapping"),
+        ("spec: [unclosed", "while parsing"),
+        (
+            customer_deployment_yaml().replace("tensorParallelSize: 4", "tensorParallelSize: 0"),
+            "tensorParallelSize",
+        ),
+        (
+            customer_deployment_yaml() + "---\n" + customer_deployment_yaml().replace("80GB", "80GiB"),
+            "(document 2): spec.store.globalSegmentSize: cannot parse size '80GiB'",
+        ),
+    ],
+)
+def test_render_command_rejects_bad_input_printing_nothing(
+    content: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content, encoding="utf-8")
+    assert main(["render", "-f", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+
+
+def test_render_command_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["render", "-f", str(tmp_path / "absent.yaml")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "absent.yaml" in captured.err
