@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal, InvalidOperation
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -512,20 +513,30 @@ class InvalidResourceError(ValueError):
         super().__init__("invalid MooncakeServing:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def describe_validation_error(error: ValidationError) -> list[str]:
+def describe_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
     """One readable line per problem: the wire path (camelCase) and the message."""
     problems = []
     for item in error.errors():
-        path = ".".join(str(part) for part in item["loc"])
+        path = ".".join([prefix, *(str(part) for part in item["loc"])] if prefix else map(str, item["loc"]))
         message = str(item["msg"]).removeprefix("Value error, ")
         problems.append(f"{path}: {message}" if path else message)
     return problems
 
 
+def plain(obj: Any) -> Any:
+    """Mappings and sequences (e.g. kopf's read-only views of a body) as plain dicts and lists, which the
+    strict models require."""
+    if isinstance(obj, Mapping):
+        return {key: plain(value) for key, value in obj.items()}
+    if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
+        return [plain(value) for value in obj]
+    return obj
+
+
 def parse_resource(obj: Any) -> MooncakeServing:
     """Validate a whole MooncakeServing (as read from YAML or the API); raises InvalidResourceError."""
     try:
-        return MooncakeServing.model_validate(obj)
+        return MooncakeServing.model_validate(plain(obj))
     except ValidationError as error:
         raise InvalidResourceError(describe_validation_error(error)) from error
 
@@ -533,6 +544,6 @@ def parse_resource(obj: Any) -> MooncakeServing:
 def parse_spec(spec: Any) -> MooncakeServingSpec:
     """Validate a spec alone (as handed to an operator handler); raises InvalidResourceError."""
     try:
-        return MooncakeServingSpec.model_validate(spec)
+        return MooncakeServingSpec.model_validate(plain(spec))
     except ValidationError as error:
-        raise InvalidResourceError([f"spec.{p}" for p in describe_validation_error(error)]) from error
+        raise InvalidResourceError(describe_validation_error(error, prefix="spec")) from error

@@ -276,8 +276,9 @@ def master_deployment(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
             {"name": METRICS_PORT_NAME, "containerPort": master.metrics_port, "protocol": "TCP"},
         ],
         "readinessProbe": {"tcpSocket": {"port": RPC_PORT_NAME}, "periodSeconds": 5, "failureThreshold": 3},
+        # mooncake_master answers /health on its metrics port.
         "livenessProbe": {
-            "httpGet": {"path": "/metrics", "port": METRICS_PORT_NAME},
+            "httpGet": {"path": HEALTH_PATH, "port": METRICS_PORT_NAME},
             "initialDelaySeconds": 10,
             "periodSeconds": 10,
             "timeoutSeconds": 5,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import MappingProxyType
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +208,19 @@ def test_parse_spec_prefixes_paths_with_spec() -> None:
     with pytest.raises(InvalidResourceError) as caught:
         parse_spec(spec)
     assert caught.value.problems[0].startswith("spec.engine.blockSize:")
+
+
+def test_read_only_mappings_from_kopf_are_accepted() -> None:
+    spec = example()["spec"]
+    frozen = MappingProxyType({**spec, "engine": MappingProxyType(spec["engine"])})
+    assert parse_spec(frozen) == customer_deployment().spec
+    assert parse_resource(MappingProxyType(example())) == customer_deployment()
+
+
+def test_a_spec_that_is_not_a_mapping_is_reported_at_spec() -> None:
+    with pytest.raises(InvalidResourceError) as caught:
+        parse_spec(["not", "a", "spec"])
+    assert caught.value.problems[0].startswith("spec: ")
 
 
 def test_status_models_carry_canary_evidence() -> None:
