@@ -9,8 +9,8 @@ validator here, so an invalid resource is rejected whole before anything is rend
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal
 
 from pydantic import (

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import copy
-from types import MappingProxyType
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import pytest
