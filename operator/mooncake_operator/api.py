@@ -361,6 +361,17 @@ class StoreSpec(ApiModel):
         return parse_store_size(self.local_buffer_size)
 
 
+class ExpectationSpec(BaseModel):
+    """One content check, e.g. {kind: json_values_include, values: [us-west, 4, 16]}."""
+
+    # The other fields depend on `kind`; the canary (mooncake_operator.canary) validates them when the
+    # operator builds a run, which keeps this API free of the canary's types.
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    kind: str = Field(min_length=1, description="The check, e.g. json_object_only, json_values_include.")
+
+
 class CanarySpec(ApiModel):
     enabled: bool = True
     request: dict[str, Any] | None = Field(
@@ -370,11 +381,11 @@ class CanarySpec(ApiModel):
             "(mooncake_operator.canary.customer_request())."
         ),
     )
-    expectations: dict[str, Any] | None = Field(
+    expectations: list[ExpectationSpec] | None = Field(
         default=None,
         description=(
-            "What every answer must satisfy, in the format of `mooncake-operator canary --expect`. "
-            "Unset: the customer's (one JSON object with the latest values, nothing before it)."
+            "Checks every answer must pass, as in `mooncake-operator canary --expect`. Unset: the "
+            "customer's (one JSON object with the latest values, nothing before it); []: content checks off."
         ),
     )
     pairs: Literal["ring", "first"] = Field(
@@ -450,11 +461,15 @@ class PairEvidence(ApiModel):
     reason: str = ""
     cache_salt: str | None = None
     prompt_tokens: int | None = Field(default=None, ge=0)
-    external_hit_tokens: int | None = Field(default=None, ge=0)
+    external_hit_tokens: int | None = Field(default=None, ge=0, description="Rise of the reader's counter.")
+    expected_external_hit_tokens: int | None = Field(default=None, ge=0)
+    load_get_keys: int | None = Field(default=None, ge=0, description="Store keys the reader loaded.")
+    answers_equal: bool | None = None
     cold_latency_ms: float | None = Field(default=None, ge=0)
     warm_latency_ms: float | None = Field(default=None, ge=0)
     first_mismatch: Mismatch | None = None
     violations: list[str] = Field(default_factory=list, description="Expectations violated, one per entry.")
+    notes: list[str] = Field(default_factory=list, description="Evidence that did not decide the verdict.")
 
 
 class CanaryStatus(ApiModel):

@@ -96,6 +96,8 @@ def structural_schema(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, A
         }
         if node.get("required"):
             result["required"] = list(node["required"])
+        if node.get("additionalProperties") is True:  # known fields plus free-form ones (extra="allow")
+            result["x-kubernetes-preserve-unknown-fields"] = True
     elif node.get("type") == "object":
         extra = node.get("additionalProperties", True)
         if extra is True:  # free-form JSON, e.g. the canary's request body

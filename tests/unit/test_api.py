@@ -182,6 +182,21 @@ def test_each_invalid_field_is_rejected_with_a_clear_message(path: str, value: A
     assert any(message in problem for problem in problems), problems
 
 
+def test_canary_expectations_are_kinded_free_form_checks() -> None:
+    checks = [{"kind": "json_object_only"}, {"kind": "json_values_include", "values": ["us-west", 4, 16]}]
+    resource = parse_resource(with_change("spec.canary.expectations", checks))
+    assert resource.spec.canary.expectations is not None
+    assert resource.to_wire()["spec"]["canary"]["expectations"] == checks
+    assert parse_resource(with_change("spec.canary.expectations", [])).spec.canary.expectations == []
+    problems = problems_of(with_change("spec.canary.expectations", [{"values": [1]}]))
+    assert any("spec.canary.expectations.0.kind: Field required" in p for p in problems), problems
+
+
+def test_canary_request_is_free_form() -> None:
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    assert parse_resource(with_change("spec.canary.request", request)).spec.canary.request == request
+
+
 def test_replicas_one_is_fine_without_the_canary() -> None:
     obj = with_change("spec.replicas", 1)
     obj["spec"]["canary"]["enabled"] = False

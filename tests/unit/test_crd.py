@@ -92,7 +92,8 @@ def test_free_form_fields_preserve_unknown_fields_and_quantities_are_int_or_stri
     schema = openapi_schema()["properties"]["spec"]["properties"]
     canary = schema["canary"]["properties"]
     assert canary["request"]["x-kubernetes-preserve-unknown-fields"] is True
-    assert canary["expectations"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert canary["expectations"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+    assert canary["expectations"]["items"]["required"] == ["kind"]
     requests = schema["engine"]["properties"]["resources"]["properties"]["requests"]
     assert requests["additionalProperties"] == {"x-kubernetes-int-or-string": True}
     assert schema["speculative"]["nullable"] is True
