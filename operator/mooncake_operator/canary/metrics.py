@@ -1,0 +1,129 @@
+"""The reader's evidence: vLLM's Prometheus counters, and the hit the prompt should give.
+
+Names and labels as vLLM 0.32 registers them (`vllm/v1/metrics/loggers.py` and
+`vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/metrics.py`); Prometheus' client appends
+`_total` to counters. Every counter carries `model_name` and `engine` labels (one label set per
+engine core); the Mooncake ones add `operation` (`lookup_exists`, `save_exists`, `save_put`,
+`load_get`) and `status` (`ok`, `partial_failure`, `error`). We sum over label sets.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from mooncake_operator.canary.models import StoreCounters
+
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries_total"
+LOCAL_HITS = "vllm:prefix_cache_hits_total"
+PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+STORE_OPERATION_KEYS = "vllm:mooncake_store_operation_keys_total"
+STORE_FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"
+
+_SAMPLE = re.compile(
+    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
+    r"(?:\{(?P<labels>.*)\})?"
+    r"\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$"
+)
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+
+
+class MetricsFormatError(ValueError):
+    """The text is not the Prometheus exposition format."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: dict[str, str]
+    value: float
+
+
+def parse_samples(text: str) -> list[Sample]:
+    """Every sample of a Prometheus text exposition (comments and blank lines skipped)."""
+    samples = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _SAMPLE.match(stripped)
+        if match is None:
+            raise MetricsFormatError(f"line {number} is not a Prometheus sample: {stripped[:120]!r}")
+        try:
+            value = float(match["value"])
+        except ValueError:
+            raise MetricsFormatError(f"line {number} has no numeric value: {stripped[:120]!r}") from None
+        samples.append(Sample(match["name"], _parse_labels(match["labels"] or "", number), value))
+    return samples
+
+
+def store_counters(samples: list[Sample], *, latency_s: float = 0.0) -> StoreCounters:
+    """The counters the canary reads, each summed over its label sets; None where a metric is absent."""
+    return StoreCounters(
+        external_hit_tokens=_total(samples, EXTERNAL_HITS),
+        external_query_tokens=_total(samples, EXTERNAL_QUERIES),
+        local_hit_tokens=_total(samples, LOCAL_HITS),
+        prompt_tokens_by_source=_by_label(samples, PROMPT_TOKENS_BY_SOURCE, "source"),
+        store_keys_by_operation=_by_label(samples, STORE_OPERATION_KEYS, "operation"),
+        store_failed_keys_by_operation=_by_label(samples, STORE_FAILED_KEYS, "operation"),
+        latency_s=latency_s,
+    )
+
+
+def has_vllm_samples(samples: list[Sample]) -> bool:
+    return any(sample.name.startswith("vllm:") for sample in samples)
+
+
+def expected_external_hit_tokens(prompt_tokens: int, block_size: int, *, eagle: bool) -> int:
+    """Tokens a reader should load from the store for a prompt another replica fully stored.
+
+    Mirrors vLLM 0.32's MooncakeStore lookup (`LookupKeyClient.lookup` in the connector's
+    `worker.py`, `FullAttentionManager.find_longest_cache_hit`) for one full-attention KV cache
+    group without partial-block hash hits: the writer stores the prompt's full blocks; the lookup
+    walks those (`align_lookup_length(num_tokens)`); with Eagle it drops the last hit block so the
+    drafter recomputes it; a hit covering the whole prompt is redone one token shorter, because
+    the last prompt token must be computed to sample from. Measured: 185 tokens, block 32, Eagle
+    -> 128. With Eagle and a prompt of whole blocks the drop already leaves the last token out,
+    so the hit is (P // B - 1) blocks, not ((P - 1) // B - 1).
+    """
+    if prompt_tokens < 0 or block_size <= 0:
+        raise ValueError(f"need prompt_tokens >= 0 and block_size > 0, got {prompt_tokens}, {block_size}")
+    full_blocks = prompt_tokens // block_size
+    hit_blocks = full_blocks - 1 if eagle else full_blocks
+    if hit_blocks * block_size >= prompt_tokens:
+        hit_blocks = (prompt_tokens - 1) // block_size
+    return max(hit_blocks, 0) * block_size
+
+
+def _parse_labels(text: str, line_number: int) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    position = 0
+    while position < len(text.rstrip()):
+        match = _LABEL.match(text, position)
+        if match is None:
+            raise MetricsFormatError(f"line {line_number} has malformed labels: {{{text[:120]}}}")
+        labels[match[1]] = re.sub(r"\\[\\\"n]", lambda escaped: _UNESCAPE[escaped[0]], match[2])
+        position = match.end()
+    return labels
+
+
+def _total(samples: list[Sample], name: str) -> int | None:
+    values = [sample.value for sample in samples if sample.name == name]
+    return _tokens(sum(values)) if values else None
+
+
+def _by_label(samples: list[Sample], name: str, label: str) -> dict[str, int]:
+    sums: dict[str, float] = {}
+    for sample in samples:
+        if sample.name == name:
+            key = sample.labels.get(label, "")
+            sums[key] = sums.get(key, 0.0) + sample.value
+    return {key: _tokens(value) for key, value in sorted(sums.items())}
+
+
+def _tokens(value: float) -> int:
+    """Counters of tokens and keys are integral; Prometheus writes them as floats ("128.0")."""
+    return round(value) if math.isfinite(value) else 0

@@ -1,0 +1,95 @@
+"""A CanaryResult for people (a table plus the reasons) and for programs (JSON)."""
+
+from __future__ import annotations
+
+from mooncake_operator.canary.models import CanaryResult, ChatAnswer, PairResult, Verdict
+
+_COLUMNS = [
+    "PAIR",
+    "WRITER -> READER",
+    "VERDICT",
+    "PROMPT",
+    "EXT HIT",
+    "EXPECTED",
+    "LOAD_GET",
+    "COLD s",
+    "WARM s",
+]
+
+
+def render_json(result: CanaryResult) -> str:
+    return result.model_dump_json(indent=2)
+
+
+def render_table(result: CanaryResult) -> str:
+    lines = [
+        f"canary {result.run_id}: {result.verdict.value} — {result.reason}",
+        f"expectations: {_expectations_line(result)}",
+        f"expected hit: {_expected_hit_line(result)}",
+        "",
+    ]
+    rows = [_COLUMNS] + [_row(pair) for pair in result.pairs]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
+    lines += [_line(row, widths) for row in rows]
+    for pair in result.pairs:
+        lines += _details(pair)
+    lines += [f"warning: {warning}" for warning in result.warnings]
+    lines.append(
+        f"wall {result.wall_s:.3f} s, of which waiting on replicas {result.request_latency_s:.3f} s; "
+        f"exit {result.exit_code}"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _expectations_line(result: CanaryResult) -> str:
+    if not result.expectations:
+        return "off (content checks disabled)"
+    return "; ".join(result.expectations)
+
+
+def _expected_hit_line(result: CanaryResult) -> str:
+    expected = sorted({pair.expected_external_hit_tokens or 0 for pair in result.pairs} - {0})
+    if not expected:
+        return "any rise of the reader's external hit counter (--block-size [--eagle] demands the exact hit)"
+    values = ", ".join(str(value) for value in expected)
+    if result.block_size is None:
+        return f"{values} tokens"
+    return f"{values} tokens (block size {result.block_size}{', Eagle' if result.eagle else ''})"
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)).rstrip()
+
+
+def _row(pair: PairResult) -> list[str]:
+    return [
+        str(pair.index),
+        f"{pair.writer} -> {pair.reader}",
+        pair.verdict.value,
+        _number(pair.prompt_tokens),
+        _number(pair.external_hit_tokens),
+        _number(pair.expected_external_hit_tokens) if pair.expected_external_hit_tokens else "any",
+        _number(pair.load_get_keys),
+        _latency(pair.cold),
+        _latency(pair.warm),
+    ]
+
+
+def _details(pair: PairResult) -> list[str]:
+    if pair.verdict is Verdict.PASSED and not pair.notes:
+        return []
+    lines = ["", f"pair {pair.index} ({pair.verdict.value}), cache_salt {pair.cache_salt}:"]
+    lines += [f"  - {reason}" for reason in pair.reasons]
+    lines += [f"  note: {note}" for note in pair.notes]
+    if pair.mismatch is not None and pair.cold is not None and pair.warm is not None:
+        lines.append(f"  cold answer: {pair.cold.text!r}")
+        lines.append(f"  warm answer: {pair.warm.text!r}")
+    return lines
+
+
+def _number(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _latency(answer: ChatAnswer | None) -> str:
+    return "-" if answer is None else f"{answer.latency_s:.3f}"

@@ -1,0 +1,370 @@
+"""The protocol: per ordered pair (writer, reader), a cold answer, a warm answer, and the reader's counters.
+
+For each pair, in order and never overlapping (overlap would blur whose traffic moved a counter):
+a fresh `cache_salt` (mixed into the first block's hash, so the writer is truly cold and the reader
+can only hit what the writer just stored); read the reader's counters; send the request to the
+writer; send the identical request to the reader; read the reader's counters again. The verdict is
+a pure function of what was measured (`judge_pair`), so it is tested without any server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+
+from mooncake_operator.canary.client import CounterScrapeError, RetryPolicy, chat, scrape_counters
+from mooncake_operator.canary.expectations import violations
+from mooncake_operator.canary.metrics import EXTERNAL_HITS, expected_external_hit_tokens
+from mooncake_operator.canary.models import (
+    CanaryConfig,
+    CanaryResult,
+    ChatAnswer,
+    ErrorKind,
+    Mismatch,
+    PairResult,
+    StoreCounters,
+    Verdict,
+)
+
+_CONTEXT_BEFORE = 20
+_CONTEXT_AFTER = 40
+
+
+@dataclass(frozen=True)
+class PairEvidence:
+    """Everything measured for one pair, before judging it."""
+
+    index: int
+    writer: str
+    reader: str
+    cache_salt: str
+    cold: ChatAnswer | None
+    warm: ChatAnswer | None
+    before: StoreCounters | None
+    after: StoreCounters | None
+    metrics_error: CounterScrapeError | None
+    wall_s: float
+
+
+async def run_canary(config: CanaryConfig, *, client: httpx.AsyncClient | None = None) -> CanaryResult:
+    """Run every pair of `config` and judge them. Creates and closes its own client when none is given."""
+    if client is not None:
+        return await _run(config, client)
+    # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
+    async with httpx.AsyncClient(trust_env=False) as own_client:
+        return await _run(config, own_client)
+
+
+def plan_pairs(replicas: list[str], mode: str) -> list[tuple[str, str]]:
+    """`ring`: each replica writes for the next one, so every replica is proven as writer and reader."""
+    if mode == "first":
+        return [(replicas[0], replicas[1])]
+    return [(writer, replicas[(index + 1) % len(replicas)]) for index, writer in enumerate(replicas)]
+
+
+def new_cache_salt(run_id: str, index: int) -> str:
+    """Unique per pair and run; within vLLM's limits (<= 128 chars, no '@', '/', '\\')."""
+    return f"canary-{run_id}-{index}-{uuid.uuid4().hex}"
+
+
+def expected_hit_for(config: CanaryConfig, prompt_tokens: int | None) -> int | None:
+    """The external hit this pair must show, or None when any rise above 0 will do."""
+    if config.expected_external_hit_tokens is not None:
+        return config.expected_external_hit_tokens
+    if config.block_size is not None and prompt_tokens is not None:
+        return expected_external_hit_tokens(prompt_tokens, config.block_size, eagle=config.eagle)
+    return None
+
+
+async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
+    run_id = uuid.uuid4().hex[:12]
+    started_at = datetime.now(UTC)
+    started = time.perf_counter()
+    retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
+    pairs = []
+    for index, (writer, reader) in enumerate(plan_pairs(config.replicas, config.pairs)):
+        evidence = await _measure_pair(client, config, retry, index, writer, reader, run_id)
+        pairs.append(judge_pair(evidence, config))
+    verdict, reason = summarize(pairs)
+    return CanaryResult(
+        run_id=run_id,
+        verdict=verdict,
+        reason=reason,
+        replicas=config.replicas,
+        pairs_mode=config.pairs,
+        pairs=pairs,
+        expectations=[expectation.describe() for expectation in config.expectations],
+        block_size=config.block_size,
+        eagle=config.eagle,
+        warnings=config_warnings(config),
+        started_at=started_at,
+        wall_s=time.perf_counter() - started,
+        request_latency_s=sum(pair.request_latency_s for pair in pairs),
+    )
+
+
+async def _measure_pair(
+    client: httpx.AsyncClient,
+    config: CanaryConfig,
+    retry: RetryPolicy,
+    index: int,
+    writer: str,
+    reader: str,
+    run_id: str,
+) -> PairEvidence:
+    started = time.perf_counter()
+    salt = new_cache_salt(run_id, index)
+    before, metrics_error = await _scrape(client, reader, config, retry)
+    cold = await chat(
+        client, writer, config.request, cache_salt=salt, timeout=config.request_timeout_s, retry=retry
+    )
+    warm = after = None
+    if cold.ok:
+        warm = await chat(
+            client, reader, config.request, cache_salt=salt, timeout=config.request_timeout_s, retry=retry
+        )
+        # An unresponsive reader would only make the second scrape wait out its timeout too.
+        if before is not None and warm.error_kind not in (ErrorKind.CONNECTION, ErrorKind.TIMEOUT):
+            after, metrics_error = await _scrape(client, reader, config, retry)
+    return PairEvidence(
+        index=index,
+        writer=writer,
+        reader=reader,
+        cache_salt=salt,
+        cold=cold,
+        warm=warm,
+        before=before,
+        after=after,
+        metrics_error=metrics_error,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+async def _scrape(
+    client: httpx.AsyncClient, reader: str, config: CanaryConfig, retry: RetryPolicy
+) -> tuple[StoreCounters | None, CounterScrapeError | None]:
+    try:
+        return await scrape_counters(client, reader, timeout=config.metrics_timeout_s, retry=retry), None
+    except CounterScrapeError as error:
+        return None, error
+
+
+def judge_pair(evidence: PairEvidence, config: CanaryConfig) -> PairResult:
+    """Failed on any wrong or missing answer; Inconclusive when the warm path is not proven; else Passed."""
+    cold, warm = evidence.cold, evidence.warm
+    failures: list[str] = []
+    unproven: list[str] = []
+    notes: list[str] = []
+    connection_error = None
+
+    for role, answer in (("cold", cold), ("warm", warm)):
+        if answer is None or answer.ok:
+            continue
+        message = f"{role} request: {answer.error}"
+        if answer.error_kind is ErrorKind.CONNECTION:
+            connection_error = connection_error or message
+            unproven.append(message)
+        else:
+            failures.append(message + _body_suffix(answer))
+    if cold is not None and not cold.ok:
+        notes.append("warm request not sent: the cold request gave no answer to compare with")
+
+    mismatch = None
+    answers_equal = None
+    if cold is not None and warm is not None and cold.ok and warm.ok:
+        mismatch, problems = compare_answers(cold, warm)
+        answers_equal = not problems
+        failures.extend(problems)
+
+    expectation_violations = [
+        f"{role} answer: {problem}"
+        for role, answer in (("cold", cold), ("warm", warm))
+        if answer is not None and answer.ok and answer.text is not None
+        for problem in violations(config.expectations, answer.text)
+    ]
+    failures.extend(expectation_violations)
+
+    prompt_tokens = cold.prompt_tokens if cold is not None else None
+    expected = expected_hit_for(config, prompt_tokens)
+    delta = evidence.after.delta(evidence.before) if evidence.after and evidence.before else None
+    if warm is not None and warm.ok:
+        if evidence.metrics_error is not None:
+            if evidence.metrics_error.kind is ErrorKind.CONNECTION:
+                connection_error = connection_error or evidence.metrics_error.message
+            unproven.append(f"reader's counters unavailable: {evidence.metrics_error.message}")
+        elif delta is not None:
+            unproven.extend(hit_problems(delta, expected, cold, warm))
+            notes.extend(hit_notes(delta, expected, config.block_size))
+
+    verdict = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if unproven else Verdict.PASSED
+    return PairResult(
+        index=evidence.index,
+        writer=evidence.writer,
+        reader=evidence.reader,
+        cache_salt=evidence.cache_salt,
+        verdict=verdict,
+        reasons=failures + unproven,
+        notes=notes,
+        cold=cold,
+        warm=warm,
+        counters_before=evidence.before,
+        counters_after=evidence.after,
+        counters_delta=delta,
+        metrics_error=evidence.metrics_error.message if evidence.metrics_error else None,
+        prompt_tokens=prompt_tokens,
+        external_hit_tokens=delta.external_hit_tokens if delta else None,
+        expected_external_hit_tokens=expected,
+        load_get_keys=delta.store_keys_by_operation.get("load_get") if delta else None,
+        answers_equal=answers_equal,
+        mismatch=mismatch,
+        expectation_violations=expectation_violations,
+        connection_error=connection_error,
+        wall_s=evidence.wall_s,
+        request_latency_s=_request_latency(evidence),
+    )
+
+
+def compare_answers(cold: ChatAnswer, warm: ChatAnswer) -> tuple[Mismatch | None, list[str]]:
+    """Exact comparison (greedy decoding makes equal prefixes give equal answers)."""
+    problems = []
+    mismatch = None
+    cold_text, warm_text = cold.text or "", warm.text or ""
+    position = first_difference(cold_text, warm_text)
+    if position is not None:
+        mismatch = Mismatch(
+            position=position,
+            cold_context=_context(cold_text, position),
+            warm_context=_context(warm_text, position),
+        )
+        problems.append(
+            f"warm answer differs from the cold one at character {position}: "
+            f"cold {mismatch.cold_context!r}, warm {mismatch.warm_context!r}"
+        )
+    if cold.reasoning != warm.reasoning:
+        reasoning_position = first_difference(cold.reasoning or "", warm.reasoning or "")
+        problems.append(f"warm reasoning differs from the cold one at character {reasoning_position}")
+    if cold.prompt_tokens != warm.prompt_tokens:
+        problems.append(
+            f"the replicas counted different prompt tokens (cold {cold.prompt_tokens}, warm "
+            f"{warm.prompt_tokens}): they do not tokenize the request alike"
+        )
+    return mismatch, problems
+
+
+def hit_problems(
+    delta: StoreCounters, expected: int | None, cold: ChatAnswer | None, warm: ChatAnswer
+) -> list[str]:
+    """Why the counters do not prove the warm answer was computed from the writer's stored prefix."""
+    hit = delta.external_hit_tokens or 0
+    problems = []
+    if hit <= 0:
+        problems.append(
+            f"reader's {EXTERNAL_HITS} did not rise: the warm answer was computed, not loaded from the "
+            "store (KV connector on both replicas, same model, block size and PYTHONHASHSEED?)"
+        )
+    elif expected is not None and hit < expected:
+        problems.append(
+            f"reader loaded {hit} tokens from the store, expected {expected}: "
+            "the warm path did not cover the whole stored prefix"
+        )
+    floor = expected if expected is not None else 1
+    if warm.cached_tokens is not None and hit > 0 and warm.cached_tokens < floor:
+        problems.append(
+            f"the warm answer reports {warm.cached_tokens} cached prompt tokens although the counter "
+            f"rose by {hit}: the rise came from other traffic"
+        )
+    if cold is not None and cold.cached_tokens:
+        problems.append(
+            f"the cold answer reports {cold.cached_tokens} cached prompt tokens despite a fresh "
+            "cache_salt: it was not cold (does the engine honour cache_salt?)"
+        )
+    return problems
+
+
+def hit_notes(delta: StoreCounters, expected: int | None, block_size: int | None) -> list[str]:
+    """Evidence worth showing that does not decide the verdict."""
+    hit = delta.external_hit_tokens or 0
+    notes = []
+    if expected is not None and hit > expected:
+        notes.append(
+            f"the external hit counter rose by {hit}, more than the {expected} expected: other traffic"
+        )
+    if delta.local_hit_tokens:
+        notes.append(f"reader's local prefix cache hits rose by {delta.local_hit_tokens} tokens")
+    load_get = delta.store_keys_by_operation.get("load_get")
+    if block_size is not None and load_get is not None and hit > 0 and load_get * block_size < hit:
+        notes.append(
+            f"connector loaded {load_get} blocks ({load_get * block_size} tokens) but the scheduler "
+            f"counted {hit} tokens ({hit // block_size} blocks) as loaded: the double-prune signature "
+            "of vLLM PR #43516 (key counts can also scale with tensor-parallel shards)"
+        )
+    failed_keys = delta.store_failed_keys_by_operation.get("load_get")
+    if failed_keys:
+        notes.append(f"{failed_keys} store keys failed to load on the reader")
+    return notes
+
+
+def summarize(pairs: list[PairResult]) -> tuple[Verdict, str]:
+    """Overall verdict (worst pair wins) and a one-line reason."""
+    for verdict in (Verdict.FAILED, Verdict.INCONCLUSIVE):
+        bad = [pair for pair in pairs if pair.verdict is verdict]
+        if bad:
+            first = bad[0]
+            return verdict, (
+                f"{len(bad)} of {len(pairs)} pairs {verdict.value.lower()}; pair {first.index} "
+                f"{first.writer} -> {first.reader}: {first.reasons[0]}"
+            )
+    hits = ", ".join(str(pair.external_hit_tokens) for pair in pairs)
+    return Verdict.PASSED, (
+        f"all {len(pairs)} pairs: warm answer equals cold, expectations hold, external hits {hits} tokens"
+    )
+
+
+def config_warnings(config: CanaryConfig) -> list[str]:
+    warnings = []
+    if not config.expectations:
+        warnings.append(
+            "content checks off: no expectations; only cold/warm equality and the hit are checked"
+        )
+    temperature = config.request.get("temperature", 1.0)
+    if temperature != 0 and "seed" not in config.request:
+        warnings.append(
+            f"the request samples (temperature {temperature}) without a seed: "
+            "answers may differ without any cache fault"
+        )
+    return warnings
+
+
+def first_difference(first: str, second: str) -> int | None:
+    """Index of the first character where the texts differ (or the shorter one ends); None if equal."""
+    if first == second:
+        return None
+    for index, (a, b) in enumerate(zip(first, second, strict=False)):
+        if a != b:
+            return index
+    return min(len(first), len(second))
+
+
+def _context(text: str, position: int) -> str:
+    start = max(0, position - _CONTEXT_BEFORE)
+    return text[start : position + _CONTEXT_AFTER]
+
+
+def _body_suffix(answer: ChatAnswer) -> str:
+    if answer.body_excerpt and answer.error_kind is ErrorKind.MALFORMED:
+        return f"; body: {answer.body_excerpt[:200]!r}"
+    return ""
+
+
+def _request_latency(evidence: PairEvidence) -> float:
+    latencies = [answer.latency_s for answer in (evidence.cold, evidence.warm) if answer is not None]
+    latencies += [
+        counters.latency_s for counters in (evidence.before, evidence.after) if counters is not None
+    ]
+    if evidence.metrics_error is not None:
+        latencies.append(evidence.metrics_error.latency_s)
+    return sum(latencies)

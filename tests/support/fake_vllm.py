@@ -1,0 +1,470 @@
+"""Fake vLLM replicas on loopback that share a fake Mooncake store, for canary and operator tests.
+
+Each replica is a real HTTP server (stdlib, one thread per connection) on 127.0.0.1 and a random
+port, speaking the parts of vLLM's OpenAI server the product touches: `POST /v1/chat/completions`,
+`GET /metrics` (Prometheus text with vLLM's metric names and labels, rendered by prometheus_client),
+`GET /health` and `GET /v1/models`. Behind them:
+
+- a word-level "tokenizer" with a chat template, so prompts have a token count;
+- block hashes chained from the first block, with `cache_salt` mixed into the first (as vLLM does);
+- a per-replica local prefix cache and a store shared by the cluster, keyed by block hash;
+- vLLM 0.32's hit arithmetic: local hits stop one token short of the prompt, the store lookup
+  walks the prompt's full blocks, Eagle drops the last hit block;
+- the counters a real reader shows: external hits/queries, local hits, prompt tokens by source,
+  Mooncake `load_get`/`save_put`/`save_exists`/`lookup_exists` keys.
+
+A replica's `mode` (settable while it runs) decides how it misbehaves. Corruption modes corrupt
+only answers computed from a prefix loaded from the store, like the customer's bug; the error
+modes apply to every request of their kind.
+
+    with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.US_EAST]) as cluster:
+        cluster.urls            # ["http://127.0.0.1:PORT", ...]
+        cluster[1].mode = Mode.CORRECT
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import StrEnum
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import prometheus_client
+
+from mooncake_operator.canary import customer_request
+
+DEFAULT_MODEL = "MiniMaxAI/MiniMax-M2.5"
+CORRECT_ANSWER = '{"region": "us-west", "replica_count": 4, "max_batch_size": 16}'
+PARAPHRASE = "I keep the deployment record and answer only from its latest values."
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+_HANG_LIMIT_S = 60.0
+
+
+class Mode(StrEnum):
+    CORRECT = "correct"
+    # Corruptions the customer saw, on answers computed from a loaded prefix only.
+    US_EAST = "us_east"  # us-east from the initial rollout mixed into the updated values
+    OLD_BATCH_SIZE = "old_batch_size"  # the superseded batch size 8 kept
+    OMIT_FIELD = "omit_field"  # an updated field left out
+    PARAPHRASE = "paraphrase"  # a paraphrase of the system instruction before the JSON object
+    # The bug's full signature: the connector loads one block less than the scheduler counted.
+    DOUBLE_PRUNE = "double_prune"
+    NEVER_LOADS = "never_loads"  # the store lookup always misses (e.g. no connector): answers stay right
+    IGNORES_SALT = "ignores_salt"  # cache_salt is not mixed into block hashes
+    HTTP_500 = "http_500"  # every chat request answers 500
+    HANG = "hang"  # every chat request hangs until the cluster stops
+    NOT_VLLM = "not_vllm"  # some other web server: HTML on /, 404 everywhere else
+    NON_JSON = "non_json"  # chat answers 200 with a plain-text body
+    NO_CHOICES = "no_choices"  # chat answers 200 with JSON lacking "choices"
+    NO_METRICS = "no_metrics"  # /metrics answers 404
+    METRICS_WITHOUT_COUNTERS = "metrics_without_counters"  # /metrics lacks the cache counters
+
+
+_CORRUPTED_ANSWERS = {
+    Mode.US_EAST: '{"region": "us-east", "replica_count": 4, "max_batch_size": 16}',
+    Mode.OLD_BATCH_SIZE: '{"region": "us-west", "replica_count": 4, "max_batch_size": 8}',
+    Mode.OMIT_FIELD: '{"region": "us-west", "replica_count": 4}',
+    Mode.PARAPHRASE: f"{PARAPHRASE}\n{CORRECT_ANSWER}",
+    Mode.DOUBLE_PRUNE: '{"region": "us-east", "replica_count": 4, "max_batch_size": 8}',
+}
+
+
+def tokenize(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """Words and punctuation of the prompt rendered with a ChatML-like template."""
+    rendered = "".join(f"<|im_start|>{m.get('role')}\n{m.get('content')}<|im_end|>\n" for m in messages)
+    return _TOKEN.findall(rendered + "<|im_start|>assistant\n")
+
+
+def block_hashes(tokens: Sequence[str], block_size: int, salt: str | None) -> list[str]:
+    """One hash per full block, each chained to the previous; the salt enters the first (vLLM's rule)."""
+    hashes: list[str] = []
+    parent = salt or ""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        digest = hashlib.sha256(json.dumps([parent, tokens[start : start + block_size]]).encode())
+        parent = digest.hexdigest()
+        hashes.append(parent)
+    return hashes
+
+
+def answer_for(messages: Sequence[dict[str, Any]]) -> str:
+    """The correct (cold) answer: the customer's JSON for the customer's prompt, else a stable digest."""
+    if list(messages) == customer_request()["messages"]:
+        return CORRECT_ANSWER
+    digest = hashlib.sha256(json.dumps(list(messages), sort_keys=True).encode()).hexdigest()
+    return f"Deterministic answer {digest[:16]}."
+
+
+def corrupt(mode: Mode, answer: str) -> str:
+    if answer == CORRECT_ANSWER:
+        return _CORRUPTED_ANSWERS[mode]
+    return f"{answer} (computed from a corrupted prefix)"
+
+
+class FakeStore:
+    """The shared Mooncake store: which block hashes some replica has saved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._blocks: set[str] = set()
+
+    def put(self, hashes: Sequence[str]) -> int:
+        """Saves the missing blocks; returns how many were new (vLLM checks existence, then puts)."""
+        with self._lock:
+            new = [block for block in hashes if block not in self._blocks]
+            self._blocks.update(new)
+            return len(new)
+
+    def __contains__(self, block: object) -> bool:
+        with self._lock:
+            return block in self._blocks
+
+    def clear(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    cache_salt: str | None = None
+
+
+@dataclass
+class _Metrics:
+    registry: prometheus_client.CollectorRegistry
+    counters: dict[str, prometheus_client.Counter] = field(default_factory=dict)
+
+
+def _build_metrics(model: str) -> _Metrics:
+    """vLLM's counters; like vLLM, the per-engine ones exist (at 0) from start-up, the store ones
+    appear with their first operation."""
+    registry = prometheus_client.CollectorRegistry()
+    metrics = _Metrics(registry)
+    engine = {"model_name": model, "engine": "0"}
+    for name in (
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:external_prefix_cache_queries",
+        "vllm:external_prefix_cache_hits",
+        "vllm:prompt_tokens",
+    ):
+        metrics.counters[name] = prometheus_client.Counter(name, name, list(engine), registry=registry)
+        metrics.counters[name].labels(**engine)
+    by_source = "vllm:prompt_tokens_by_source"
+    metrics.counters[by_source] = prometheus_client.Counter(
+        by_source, by_source, [*engine, "source"], registry=registry
+    )
+    for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+        metrics.counters[by_source].labels(**engine, source=source)
+    for name in (
+        "vllm:mooncake_store_operation_total",
+        "vllm:mooncake_store_operation_keys_total",
+        "vllm:mooncake_store_operation_failed_keys_total",
+    ):
+        metrics.counters[name] = prometheus_client.Counter(
+            name, name, [*engine, "operation", "status"], registry=registry
+        )
+    return metrics
+
+
+class FakeReplica:
+    """One fake vLLM server. Attributes may be changed while it runs (tests flip modes mid-run)."""
+
+    def __init__(
+        self,
+        store: FakeStore,
+        *,
+        mode: Mode = Mode.CORRECT,
+        model: str = DEFAULT_MODEL,
+        block_size: int = 32,
+        eagle: bool = True,
+        latency_s: float = 0.0,
+        prompt_tokens_details: bool = True,
+    ) -> None:
+        self.store = store
+        self.mode = mode
+        self.model = model
+        self.block_size = block_size
+        self.eagle = eagle
+        self.latency_s = latency_s
+        self.prompt_tokens_details = prompt_tokens_details
+        self.healthy = True
+        self.requests: list[RecordedRequest] = []
+        self._local_blocks: set[str] = set()
+        self._lock = threading.Lock()
+        self._metrics = _build_metrics(model)
+        self._release = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-vllm", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeReplica:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._release.set()  # hung handlers return (to a client long gone)
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def requests_to(self, path: str) -> list[RecordedRequest]:
+        return [request for request in self.requests if request.path == path]
+
+    def counter(self, name: str, **labels: str) -> float:
+        """Current value of one of the replica's counters (sum over matching label sets)."""
+        return sum(
+            sample.value
+            for metric in self._metrics.registry.collect()
+            for sample in metric.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
+
+    # -- chat completions ----------------------------------------------------------------------
+
+    def complete(self, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """vLLM's answer to a chat completion body: (status, JSON payload)."""
+        if body.get("model") != self.model:
+            message = f"The model `{body.get('model')}` does not exist."
+            return 404, {"error": {"message": message, "type": "NotFoundError", "param": None, "code": 404}}
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            message = "messages: field required"
+            return 400, {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}}
+        tokens = tokenize(messages)
+        salt = None if self.mode is Mode.IGNORES_SALT else body.get("cache_salt")
+        hashes = block_hashes(tokens, self.block_size, salt)
+        with self._lock:
+            local, external = self._admit(hashes, len(tokens))
+            self._store_prompt(hashes)
+        answer = answer_for(messages)
+        if external and self.mode in _CORRUPTED_ANSWERS:
+            answer = corrupt(self.mode, answer)
+        usage: dict[str, Any] = {
+            "prompt_tokens": len(tokens),
+            "completion_tokens": len(_TOKEN.findall(answer)),
+            "total_tokens": len(tokens) + len(_TOKEN.findall(answer)),
+        }
+        if self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": local + external}
+        return 200, {
+            "id": f"chatcmpl-{hashlib.sha256(repr(time.time_ns()).encode()).hexdigest()[:16]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer, "reasoning_content": None},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": usage,
+        }
+
+    def _admit(self, hashes: list[str], prompt_tokens: int) -> tuple[int, int]:
+        """The scheduler's admission: local hit, then the connector's external hit; counts both."""
+        size = self.block_size
+        local_blocks = self._longest_hit((prompt_tokens - 1) // size, hashes, self._local_blocks.__contains__)
+        local = local_blocks * size
+        lookup = self._store_lookup(hashes, prompt_tokens)
+        external = lookup - local if lookup > local else 0
+        loaded_blocks = external // size
+        if external and self.mode is Mode.DOUBLE_PRUNE:
+            loaded_blocks -= 1
+
+        engine = {"model_name": self.model, "engine": "0"}
+        count = self._metrics.counters
+        count["vllm:prefix_cache_queries"].labels(**engine).inc(prompt_tokens)
+        count["vllm:prefix_cache_hits"].labels(**engine).inc(local)
+        count["vllm:external_prefix_cache_queries"].labels(**engine).inc(prompt_tokens - local)
+        count["vllm:external_prefix_cache_hits"].labels(**engine).inc(external)
+        count["vllm:prompt_tokens"].labels(**engine).inc(prompt_tokens)
+        by_source = count["vllm:prompt_tokens_by_source"]
+        by_source.labels(**engine, source="local_compute").inc(prompt_tokens - local - external)
+        by_source.labels(**engine, source="local_cache_hit").inc(local)
+        by_source.labels(**engine, source="external_kv_transfer").inc(external)
+        self._count_store("lookup_exists", min(len(hashes), prompt_tokens // size))
+        if loaded_blocks > 0:
+            self._count_store("load_get", loaded_blocks)
+        return local, external
+
+    def _store_lookup(self, hashes: list[str], prompt_tokens: int) -> int:
+        """MooncakeStore's lookup: full prompt blocks, Eagle drop, redone one token short on a full hit."""
+        if self.mode is Mode.NEVER_LOADS:
+            return 0
+        size = self.block_size
+
+        def hit(limit_tokens: int) -> int:
+            blocks = self._longest_hit(limit_tokens // size, hashes, self.store.__contains__)
+            if self.eagle and blocks:
+                blocks -= 1
+            return blocks * size
+
+        found = hit(prompt_tokens)
+        if found >= prompt_tokens:
+            found = hit(prompt_tokens - 1)
+        return found
+
+    def _store_prompt(self, hashes: list[str]) -> None:
+        """After computing, the prompt's full blocks enter the local cache and the store."""
+        self._local_blocks.update(hashes)
+        self._count_store("save_exists", len(hashes))
+        new = self.store.put(hashes)
+        if new:
+            self._count_store("save_put", new)
+
+    def _count_store(self, operation: str, keys: int) -> None:
+        labels = {"model_name": self.model, "engine": "0", "operation": operation, "status": "ok"}
+        self._metrics.counters["vllm:mooncake_store_operation_total"].labels(**labels).inc()
+        self._metrics.counters["vllm:mooncake_store_operation_keys_total"].labels(**labels).inc(keys)
+        self._metrics.counters["vllm:mooncake_store_operation_failed_keys_total"].labels(**labels).inc(0)
+
+    @staticmethod
+    def _longest_hit(limit_blocks: int, hashes: list[str], present: Any) -> int:
+        blocks = 0
+        for block in hashes[: max(limit_blocks, 0)]:
+            if not present(block):
+                break
+            blocks += 1
+        return blocks
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def metrics_text(self) -> str:
+        if self.mode is Mode.METRICS_WITHOUT_COUNTERS:
+            registry = prometheus_client.CollectorRegistry()
+            gauge = prometheus_client.Gauge(
+                "vllm:num_requests_running", "Running requests.", ["model_name"], registry=registry
+            )
+            gauge.labels(model_name=self.model).set(0)
+            return prometheus_client.generate_latest(registry).decode()
+        return prometheus_client.generate_latest(self._metrics.registry).decode()
+
+
+def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, like uvicorn
+        disable_nagle_algorithm = True  # headers and body go out in two writes
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet: tests read replica.requests instead."""
+
+        def do_GET(self) -> None:
+            replica.requests.append(RecordedRequest("GET", self.path))
+            if replica.mode is Mode.NOT_VLLM:
+                self._not_vllm()
+            elif self.path == "/metrics" and replica.mode is not Mode.NO_METRICS:
+                self._send(200, replica.metrics_text().encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif self.path == "/health":
+                self._send(200 if replica.healthy else 503, b"", "application/json")
+            elif self.path == "/v1/models":
+                models = {"object": "list", "data": [{"id": replica.model, "object": "model"}]}
+                self._json(200, models)
+            else:
+                self._json(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                body = json.loads(raw)
+            except json.JSONDecodeError:
+                body = {}
+            salt = body.get("cache_salt") if isinstance(body, dict) else None
+            replica.requests.append(RecordedRequest("POST", self.path, salt))
+            if replica.latency_s:
+                time.sleep(replica.latency_s)
+            mode = replica.mode
+            if mode is Mode.NOT_VLLM:
+                self._not_vllm()
+            elif self.path != "/v1/chat/completions":
+                self._json(404, {"detail": "Not Found"})
+            elif mode is Mode.HANG:
+                replica._release.wait(_HANG_LIMIT_S)
+                self._json(503, {"error": {"message": "released", "type": "Hang", "code": 503}})
+            elif mode is Mode.HTTP_500:
+                error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError"}
+                self._json(500, {"error": {**error, "param": None, "code": 500}})
+            elif mode is Mode.NON_JSON:
+                self._send(200, b"OK: request accepted\n", "text/plain")
+            elif mode is Mode.NO_CHOICES:
+                self._json(200, {"id": "chatcmpl-x", "object": "chat.completion", "usage": {}})
+            else:
+                status, payload = replica.complete(body if isinstance(body, dict) else {})
+                self._json(status, payload)
+
+        def _not_vllm(self) -> None:
+            if self.path == "/":
+                self._send(200, b"<html><body>Welcome to some web server</body></html>", "text/html")
+            else:
+                self._send(404, b"<html><body>404 Not Found</body></html>", "text/html")
+
+        def _json(self, status: int, payload: dict[str, Any]) -> None:
+            self._send(status, json.dumps(payload).encode(), "application/json")
+
+        def _send(self, status: int, body: bytes, content_type: str) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (a timeout test); nothing to answer
+
+    return Handler
+
+
+class FakeCluster:
+    """N fake replicas sharing one FakeStore."""
+
+    def __init__(self, replicas: list[FakeReplica], store: FakeStore) -> None:
+        self.replicas = replicas
+        self.store = store
+
+    @classmethod
+    @contextmanager
+    def start(
+        cls,
+        count: int = 2,
+        *,
+        modes: Sequence[Mode] | None = None,
+        **replica_options: Any,
+    ) -> Iterator[FakeCluster]:
+        """Start `count` replicas (modes[i] for the i-th, default correct); stop them all on exit."""
+        modes = list(modes) if modes is not None else [Mode.CORRECT] * count
+        if len(modes) != count:
+            raise ValueError(f"{count} replicas need {count} modes, got {len(modes)}")
+        store = FakeStore()
+        replicas: list[FakeReplica] = []
+        try:
+            for mode in modes:
+                replicas.append(FakeReplica(store, mode=mode, **replica_options).start())
+            yield cls(replicas, store)
+        finally:
+            for replica in replicas:
+                replica.stop()
+
+    @property
+    def urls(self) -> list[str]:
+        return [replica.url for replica in self.replicas]
+
+    def __getitem__(self, index: int) -> FakeReplica:
+        return self.replicas[index]
+
+    def __len__(self) -> int:
+        return len(self.replicas)
