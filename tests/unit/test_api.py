@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -19,6 +20,7 @@ from mooncake_operator.api import (
     parse_spec,
     parse_store_size,
 )
+from mooncake_operator.crd import openapi_schema
 from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
 
 pytestmark = pytest.mark.unit
@@ -277,3 +279,24 @@ def test_status_models_carry_canary_evidence() -> None:
     assert status.to_wire()["canary"]["pairs"][0]["coldLatencyMs"] == 812.5
     with pytest.raises(ValueError, match="phase"):
         MooncakeServingStatus.model_validate({"phase": "Running"})
+
+
+def wire_field_paths(schema: dict[str, Any], path: str = "") -> list[str]:
+    paths = []
+    for name, child in schema.get("properties", {}).items():
+        here = f"{path}.{name}" if path else name
+        paths.append(here)
+        paths += wire_field_paths(child.get("items", child), here)
+    return paths
+
+
+def test_the_configuration_reference_documents_every_field() -> None:
+    doc = (REPO / "docs" / "api.md").read_text(encoding="utf-8")
+    schema = openapi_schema()["properties"]
+    missing = [
+        path
+        for section in ("spec", "status")
+        for path in wire_field_paths(schema[section])
+        if not re.search(rf"(?<![A-Za-z]){path.rsplit('.', 1)[-1]}(?![A-Za-z])", doc)
+    ]
+    assert not missing, f"docs/api.md does not mention: {missing}"
