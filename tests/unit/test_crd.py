@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -192,3 +193,8 @@ def test_status_written_by_the_operator_validates() -> None:
     obj = yaml.safe_load(customer_deployment_yaml())
     obj["status"] = status.to_wire()
     validator().validate(obj)
+
+
+@pytest.mark.parametrize("version", ["1.25.0", "1.37.0"])
+def test_crd_object_is_a_valid_apiextensions_v1_crd(version: str) -> None:
+    kubernetes_validate.validate(custom_resource_definition(), version, strict=True)
