@@ -111,7 +111,8 @@ def parse_quantity(value: str | int) -> Decimal:
 
 
 def _check_quantity(value: str | int) -> str | int:
-    parse_quantity(value)
+    if parse_quantity(value) < 0:
+        raise ValueError(f"quantity {value!r} must not be negative")
     return value
 
 

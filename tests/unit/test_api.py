@@ -163,6 +163,7 @@ INVALID = [
     ("spec.engine.extraEnv", [{"name": "PYTHONHASHSEED", "value": "1"}], "must not set PYTHONHASHSEED"),
     ("spec.engine.resources", {"limits": {"nvidia.com/gpu": 8}}, "must not set nvidia.com/gpu"),
     ("spec.engine.resources", {"requests": {"memory": "lots"}}, "cannot parse quantity 'lots'"),
+    ("spec.model.cache", {"ephemeralSize": "-1Gi"}, "quantity '-1Gi' must not be negative"),
     ("spec.engine.tensorParalelSize", 4, "spec.engine.tensorParalelSize: Extra inputs are not permitted"),
     ("spec.engine.image", None, "spec.engine.image: Field required"),
     ("spec.model.cache", {"existingClaim": "hf", "ephemeralSize": "1Ti"}, "set either existingClaim"),
