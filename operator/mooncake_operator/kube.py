@@ -1,0 +1,643 @@
+"""A small typed async client for the Kubernetes API, used for the operator's own writes.
+
+kopf watches; this client applies children (server-side apply, one field manager), patches
+labels and status, and posts events. It counts its requests so tests and benchmarks can assert
+that a reconcile with nothing to change writes nothing.
+
+Configuration comes from the pod's service account (`KubeConfig.in_cluster()`), a kubeconfig
+file (`KubeConfig.from_kubeconfig()`), or explicit values (`KubeConfig(server=..., token=...)`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import ssl
+import tempfile
+from collections import Counter
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import yaml
+
+from mooncake_operator.api import API_VERSION as MCS_API_VERSION
+from mooncake_operator.api import KIND as MCS_KIND
+from mooncake_operator.api import PLURAL as MCS_PLURAL
+
+Manifest = dict[str, Any]
+ManifestList = list[Manifest]
+
+IN_CLUSTER_DIR: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+APPLY_PATCH: Final = "application/apply-patch+yaml"
+MERGE_PATCH: Final = "application/merge-patch+json"
+_LIST_PAGE_SIZE: Final = 500
+_EVENT_MESSAGE_LIMIT: Final = 1024
+
+
+class KubeError(Exception):
+    """Base of every error this client raises."""
+
+
+class KubeConfigError(KubeError):
+    """The client cannot be configured (no kubeconfig, unsupported auth, missing files)."""
+
+
+class KubeTransportError(KubeError):
+    """The API server could not be reached, or did not answer in time."""
+
+
+class KubeApiError(KubeError):
+    """The API server answered with an error status; `message` is the server's own words."""
+
+    def __init__(
+        self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.details: Mapping[str, Any] = details or {}
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True)
+class KubeConfig:
+    """Where the API server is and how to authenticate to it.
+
+    `token_path` (in-cluster) is re-read on every request: kubelet rotates bound tokens.
+    `ca_data` / `client_cert_data` / `client_key_data` are PEM bytes (kubeconfig's *-data).
+    """
+
+    server: str
+    token: str | None = None
+    token_path: Path | None = None
+    ca_path: Path | None = None
+    ca_data: bytes | None = None
+    client_cert_path: Path | None = None
+    client_key_path: Path | None = None
+    client_cert_data: bytes | None = None
+    client_key_data: bytes | None = None
+    insecure_skip_tls_verify: bool = False
+    namespace: str | None = None
+
+    @classmethod
+    def in_cluster(
+        cls, directory: Path = IN_CLUSTER_DIR, environ: Mapping[str, str] | None = None
+    ) -> KubeConfig:
+        env = os.environ if environ is None else environ
+        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise KubeConfigError(
+                "not in a cluster: KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are unset"
+            )
+        token_path, ca_path = directory / "token", directory / "ca.crt"
+        for required in (token_path, ca_path):
+            if not required.is_file():
+                raise KubeConfigError(
+                    f"in-cluster config: {required} is missing (is a service account mounted?)"
+                )
+        namespace_file = directory / "namespace"
+        namespace = namespace_file.read_text().strip() if namespace_file.is_file() else None
+        host = f"[{host}]" if ":" in host else host  # IPv6 service address
+        return cls(
+            server=f"https://{host}:{port}", token_path=token_path, ca_path=ca_path, namespace=namespace
+        )
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path | None = None, context: str | None = None) -> KubeConfig:
+        """Reads a kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config)."""
+        path = path or default_kubeconfig_path()
+        try:
+            document = yaml.safe_load(path.read_text())
+        except FileNotFoundError as error:
+            raise KubeConfigError(f"kubeconfig {path} not found") from error
+        except yaml.YAMLError as error:
+            raise KubeConfigError(f"kubeconfig {path} is not valid YAML: {error}") from error
+        if not isinstance(document, dict):
+            raise KubeConfigError(f"kubeconfig {path} is not a mapping")
+        return kubeconfig_to_config(document, base_dir=path.parent, context=context, source=str(path))
+
+    @classmethod
+    def load_default(cls) -> KubeConfig:
+        """In-cluster when running in a pod, otherwise the default kubeconfig."""
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return cls.in_cluster()
+        return cls.from_kubeconfig()
+
+    def current_token(self) -> str | None:
+        if self.token_path is not None:
+            return self.token_path.read_text().strip()
+        return self.token
+
+    def ssl_context(self) -> ssl.SSLContext:
+        if self.insecure_skip_tls_verify:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif self.ca_path is not None or self.ca_data is not None:
+            cadata = self.ca_data.decode() if self.ca_data is not None else None
+            context = ssl.create_default_context(cafile=self.ca_path, cadata=cadata)
+        else:
+            context = ssl.create_default_context()
+        with _client_cert_files(self) as (cert_path, key_path):
+            if cert_path is not None:
+                context.load_cert_chain(cert_path, key_path)
+        return context
+
+
+def default_kubeconfig_path() -> Path:
+    listed = os.environ.get("KUBECONFIG", "")
+    first = next((p for p in listed.split(os.pathsep) if p), None)
+    return Path(first) if first else Path.home() / ".kube" / "config"
+
+
+def _named(entries: Any, name: str, what: str, source: str) -> Mapping[str, Any]:
+    for entry in entries or []:
+        if isinstance(entry, dict) and entry.get("name") == name:
+            body = entry.get(what)
+            if isinstance(body, dict):
+                return body
+    raise KubeConfigError(f"{source}: no {what} named {name!r}")
+
+
+def kubeconfig_to_config(
+    document: Mapping[str, Any], *, base_dir: Path, context: str | None = None, source: str = "kubeconfig"
+) -> KubeConfig:
+    """Resolves a kubeconfig document's context into a `KubeConfig` (paths relative to base_dir)."""
+    context_name = context or document.get("current-context")
+    if not context_name:
+        raise KubeConfigError(f"{source}: no current-context set and no context given")
+    ctx = _named(document.get("contexts"), context_name, "context", source)
+    cluster = _named(document.get("clusters"), ctx.get("cluster", ""), "cluster", source)
+    user = _named(document.get("users"), ctx.get("user", ""), "user", source) if ctx.get("user") else {}
+    unsupported = sorted({"exec", "auth-provider", "username"} & set(user))
+    if unsupported:
+        raise KubeConfigError(
+            f"{source}: user auth {unsupported} is not supported; use a token or client certificate"
+        )
+    if not cluster.get("server"):
+        raise KubeConfigError(f"{source}: cluster {ctx.get('cluster')!r} has no server")
+
+    def path_of(value: str | None) -> Path | None:
+        return None if value is None else base_dir / Path(value).expanduser()
+
+    def data_of(value: str | None) -> bytes | None:
+        return None if value is None else base64.b64decode(value)
+
+    token = user.get("token")
+    token_file = path_of(user.get("tokenFile"))
+    if token is None and token_file is not None:
+        token = token_file.read_text().strip()
+    return KubeConfig(
+        server=str(cluster["server"]).rstrip("/"),
+        token=token,
+        ca_path=path_of(cluster.get("certificate-authority")),
+        ca_data=data_of(cluster.get("certificate-authority-data")),
+        client_cert_path=path_of(user.get("client-certificate")),
+        client_key_path=path_of(user.get("client-key")),
+        client_cert_data=data_of(user.get("client-certificate-data")),
+        client_key_data=data_of(user.get("client-key-data")),
+        insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
+        namespace=ctx.get("namespace"),
+    )
+
+
+@contextlib.contextmanager
+def _client_cert_files(config: KubeConfig) -> Iterator[tuple[str | None, str | None]]:
+    """File paths of the client certificate and key: the ssl module only loads files."""
+    if config.client_cert_data is None:
+        cert = str(config.client_cert_path) if config.client_cert_path else None
+        key = str(config.client_key_path) if config.client_key_path else None
+        yield cert, key
+        return
+    if config.client_key_data is None:
+        raise KubeConfigError("client-certificate-data needs client-key-data")
+    with tempfile.TemporaryDirectory(prefix="kube-client-") as temp:
+        cert_path, key_path = Path(temp) / "tls.crt", Path(temp) / "tls.key"
+        cert_path.write_bytes(config.client_cert_data)
+        key_path.touch(mode=0o600)
+        key_path.write_bytes(config.client_key_data)
+        yield str(cert_path), str(key_path)
+
+
+# --------------------------------------------------------------------------- resource paths
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def base_path(self) -> str:
+        return f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+
+
+def _kinds(*kinds: ResourceKind) -> dict[tuple[str, str], ResourceKind]:
+    return {(k.api_version, k.kind): k for k in kinds}
+
+
+# The kinds the operator, its chart and its tests touch. Others can be passed to KubeClient.
+KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
+    ResourceKind("v1", "Namespace", "namespaces", namespaced=False),
+    ResourceKind("v1", "ConfigMap", "configmaps", namespaced=True),
+    ResourceKind("v1", "Secret", "secrets", namespaced=True),
+    ResourceKind("v1", "Service", "services", namespaced=True),
+    ResourceKind("v1", "Endpoints", "endpoints", namespaced=True),
+    ResourceKind("v1", "Pod", "pods", namespaced=True),
+    ResourceKind("v1", "ServiceAccount", "serviceaccounts", namespaced=True),
+    ResourceKind("v1", "Event", "events", namespaced=True),
+    ResourceKind("apps/v1", "Deployment", "deployments", namespaced=True),
+    ResourceKind("apps/v1", "StatefulSet", "statefulsets", namespaced=True),
+    ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True),
+    ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True),
+    ResourceKind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
+    ResourceKind(
+        "rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", namespaced=False
+    ),
+    ResourceKind(
+        "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False
+    ),
+    ResourceKind(MCS_API_VERSION, MCS_KIND, MCS_PLURAL, namespaced=True),
+)
+
+
+def resource_path(
+    kind: ResourceKind,
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> str:
+    """The REST path of a collection, an object, or an object's subresource."""
+    if kind.namespaced and not namespace:
+        raise ValueError(f"{kind.kind} is namespaced: a namespace is required")
+    if not kind.namespaced and namespace:
+        raise ValueError(f"{kind.kind} is cluster-scoped: got namespace {namespace!r}")
+    if subresource and not name:
+        raise ValueError("a subresource needs an object name")
+    parts = [kind.base_path]
+    if namespace:
+        parts += ["namespaces", namespace]
+    parts.append(kind.plural)
+    if name:
+        parts.append(name)
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+# --------------------------------------------------------------------------- the client
+
+READ_VERBS: Final = frozenset({"get", "list"})
+
+
+@dataclass
+class RequestCounts:
+    """Requests made, by verb (get, list, create, apply, patch, patch_status, delete).
+
+    `writes` counts requests that may persist a change; dry runs are counted apart.
+    """
+
+    by_verb: Counter[str] = field(default_factory=Counter)
+    dry_runs: int = 0
+
+    @property
+    def reads(self) -> int:
+        return sum(n for verb, n in self.by_verb.items() if verb in READ_VERBS)
+
+    @property
+    def writes(self) -> int:
+        return sum(n for verb, n in self.by_verb.items() if verb not in READ_VERBS)
+
+    def snapshot(self) -> RequestCounts:
+        return RequestCounts(by_verb=Counter(self.by_verb), dry_runs=self.dry_runs)
+
+    def since(self, earlier: RequestCounts) -> RequestCounts:
+        return RequestCounts(
+            by_verb=self.by_verb - earlier.by_verb, dry_runs=self.dry_runs - earlier.dry_runs
+        )
+
+
+class _BearerAuth(httpx.Auth):
+    def __init__(self, config: KubeConfig) -> None:
+        self._config = config
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        token = self._config.current_token()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
+def _error_from(response: httpx.Response) -> KubeApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("kind") == "Status":
+        return KubeApiError(
+            status=response.status_code,
+            reason=str(body.get("reason") or response.reason_phrase),
+            message=str(body.get("message") or response.text),
+            details=body.get("details"),
+        )
+    return KubeApiError(response.status_code, response.reason_phrase, response.text.strip() or "(empty body)")
+
+
+def _kind_and_namespace(obj: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if not (isinstance(api_version, str) and isinstance(kind, str)):
+        raise ValueError(f"manifest needs apiVersion and kind; got {api_version!r} {kind!r}")
+    return api_version, kind, (obj.get("metadata") or {}).get("namespace")
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str, str, str | None]:
+    """apiVersion, kind, name, namespace of a manifest; fails clearly when one is missing."""
+    metadata = obj.get("metadata") or {}
+    api_version, kind, name = obj.get("apiVersion"), obj.get("kind"), metadata.get("name")
+    if not (isinstance(api_version, str) and isinstance(kind, str) and isinstance(name, str)):
+        raise ValueError(
+            f"manifest needs apiVersion, kind and metadata.name; got {api_version!r} {kind!r} {name!r}"
+        )
+    return api_version, kind, name, metadata.get("namespace")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeClient:
+    """Async API client. Use as `async with KubeClient(config) as kube:` or call `aclose()`.
+
+    `transport` lets tests inject an httpx transport; `kinds` extends the kind table.
+    """
+
+    def __init__(
+        self,
+        config: KubeConfig,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        kinds: Mapping[tuple[str, str], ResourceKind] | None = None,
+    ) -> None:
+        self.config = config
+        self.counts = RequestCounts()
+        self._kinds = {**KNOWN_KINDS, **(kinds or {})}
+        self._http = httpx.AsyncClient(
+            base_url=config.server,
+            verify=config.ssl_context(),
+            auth=_BearerAuth(config),
+            timeout=timeout,
+            transport=transport,
+            headers={"Accept": "application/json", "User-Agent": "mooncake-operator"},
+        )
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def kind(self, api_version: str, kind: str) -> ResourceKind:
+        try:
+            return self._kinds[(api_version, kind)]
+        except KeyError:
+            known = ", ".join(sorted(f"{v}/{k}" for v, k in self._kinds))
+            raise ValueError(f"unknown kind {api_version}/{kind}; known: {known}") from None
+
+    def _object_path(self, obj: Mapping[str, Any], subresource: str | None = None) -> str:
+        api_version, kind, name, namespace = _meta(obj)
+        return resource_path(
+            self.kind(api_version, kind), namespace=namespace, name=name, subresource=subresource
+        )
+
+    async def _request(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        dry_run: bool = False,
+    ) -> Manifest:
+        query = dict(params or {})
+        if dry_run:
+            query["dryRun"] = "All"
+            self.counts.dry_runs += 1
+        else:
+            self.counts.by_verb[verb] += 1
+        content = None if body is None else json.dumps(body).encode()
+        headers = {} if body is None else {"Content-Type": content_type}
+        try:
+            response = await self._http.request(method, path, params=query, content=content, headers=headers)
+        except httpx.HTTPError as error:
+            raise KubeTransportError(f"{method} {path}: {error!r}") from error
+        if response.is_error:
+            raise _error_from(response)
+        result: Manifest = response.json() if response.content else {}
+        return result
+
+    # ---- reads
+
+    async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Manifest:
+        path = resource_path(self.kind(api_version, kind), namespace=namespace, name=name)
+        return await self._request("get", "GET", path)
+
+    async def get_or_none(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Manifest | None:
+        try:
+            return await self.get(api_version, kind, name, namespace)
+        except KubeApiError as error:
+            if error.not_found:
+                return None
+            raise
+
+    async def list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ManifestList:
+        """All matching objects (every page), each with its apiVersion and kind filled in."""
+        return [
+            item
+            async for item in self._iter_list(api_version, kind, namespace, label_selector, field_selector)
+        ]
+
+    async def _iter_list(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None,
+        field_selector: str | None,
+    ) -> AsyncIterator[Manifest]:
+        path = resource_path(self.kind(api_version, kind), namespace=namespace)
+        params = {"limit": str(_LIST_PAGE_SIZE)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if field_selector:
+            params["fieldSelector"] = field_selector
+        while True:
+            page = await self._request("list", "GET", path, params=params)
+            for item in page.get("items") or []:
+                yield {"apiVersion": api_version, "kind": kind, **item}
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            params["continue"] = token
+
+    # ---- writes
+
+    async def apply(
+        self, obj: Mapping[str, Any], *, field_manager: str, force: bool = True, dry_run: bool = False
+    ) -> Manifest:
+        """Server-side apply: creates or updates the fields this manager owns; returns the object."""
+        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
+        path = self._object_path(obj)
+        # JSON is YAML: the apply-patch content type accepts a JSON body.
+        return await self._request(
+            "apply", "PATCH", path, params=params, body=obj, content_type=APPLY_PATCH, dry_run=dry_run
+        )
+
+    async def create(
+        self, obj: Mapping[str, Any], *, dry_run: bool = False, field_manager: str | None = None
+    ) -> Manifest:
+        """POST to the collection (metadata.generateName works); fails with 409 if it exists."""
+        api_version, kind, namespace = _kind_and_namespace(obj)
+        path = resource_path(self.kind(api_version, kind), namespace=namespace)
+        params = {"fieldManager": field_manager} if field_manager else None
+        return await self._request("create", "POST", path, params=params, body=obj, dry_run=dry_run)
+
+    async def patch_merge(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        patch: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        field_manager: str | None = None,
+        dry_run: bool = False,
+    ) -> Manifest:
+        """JSON merge patch (RFC 7386): maps merge, lists are replaced, null deletes a key."""
+        path = resource_path(self.kind(api_version, kind), namespace=namespace, name=name)
+        params = {"fieldManager": field_manager} if field_manager else None
+        return await self._request(
+            "patch", "PATCH", path, params=params, body=patch, content_type=MERGE_PATCH, dry_run=dry_run
+        )
+
+    async def patch_status(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        status: Mapping[str, Any],
+        namespace: str | None = None,
+        *,
+        field_manager: str | None = None,
+    ) -> Manifest:
+        """Merge-patches `.status` through the status subresource."""
+        path = resource_path(
+            self.kind(api_version, kind), namespace=namespace, name=name, subresource="status"
+        )
+        params = {"fieldManager": field_manager} if field_manager else None
+        return await self._request(
+            "patch_status", "PATCH", path, params=params, body={"status": status}, content_type=MERGE_PATCH
+        )
+
+    async def delete(
+        self,
+        api_version: str,
+        kind: str,
+        name: str,
+        namespace: str | None = None,
+        *,
+        propagation_policy: str = "Background",
+        missing_ok: bool = False,
+    ) -> None:
+        path = resource_path(self.kind(api_version, kind), namespace=namespace, name=name)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
+        try:
+            await self._request("delete", "DELETE", path, body=body)
+        except KubeApiError as error:
+            if not (missing_ok and error.not_found):
+                raise
+
+    async def create_event(
+        self,
+        involved: Mapping[str, Any],
+        *,
+        reason: str,
+        message: str,
+        type: str = "Normal",
+        component: str = "mooncake-operator",
+    ) -> Manifest:
+        """Posts a core/v1 Event about `involved` (a full object as read from the API)."""
+        return await self.create(
+            event_manifest(involved, reason=reason, message=message, type=type, component=component)
+        )
+
+
+def event_manifest(
+    involved: Mapping[str, Any],
+    *,
+    reason: str,
+    message: str,
+    type: str,
+    component: str,
+) -> Manifest:
+    """A core/v1 Event for `involved`, in its namespace (or `default` for cluster-scoped objects)."""
+    if type not in ("Normal", "Warning"):
+        raise ValueError(f"event type must be Normal or Warning, got {type!r}")
+    api_version, kind, name, namespace = _meta(involved)
+    metadata = involved.get("metadata") or {}
+    reference = {"apiVersion": api_version, "kind": kind, "name": name}
+    if namespace:
+        reference["namespace"] = namespace
+    for key in ("uid", "resourceVersion"):
+        if metadata.get(key):
+            reference[key] = metadata[key]
+    now = _now()
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{name}.", "namespace": namespace or "default"},
+        "involvedObject": reference,
+        "reason": reason,
+        "message": message[:_EVENT_MESSAGE_LIMIT],  # kubectl describe shows one line; keep it readable
+        "type": type,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }

@@ -1,0 +1,75 @@
+"""Cluster tier: a real etcd + kube-apiserver + kube-controller-manager on 127.0.0.1.
+
+One control plane per test session (`kube_cluster`); each test gets a fresh namespace
+(`namespace`) and an async API client with admin rights (`kube`). Every test under
+tests/cluster is marked `cluster`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.apiserver import ControlPlane, start_control_plane
+
+from mooncake_operator.kube import KubeClient, KubeConfig
+
+CLUSTER_DIR = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if CLUSTER_DIR in item.path.parents:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[ControlPlane]:
+    plane = start_control_plane()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def admin_config(plane: ControlPlane) -> KubeConfig:
+    return KubeConfig(server=plane.server, token=plane.admin_token, ca_path=plane.ca_path)
+
+
+def wait_for_default_service_account(plane: ControlPlane, namespace: str, timeout: float = 30.0) -> None:
+    """Pods are admitted only once the namespace's `default` ServiceAccount has its token Secret."""
+    deadline = time.monotonic() + timeout
+    with plane.client() as http:
+        while time.monotonic() < deadline:
+            response = http.get(f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+            if response.status_code == 200 and response.json().get("secrets"):
+                return
+            time.sleep(0.1)
+    raise AssertionError(
+        f"{namespace}: no `default` ServiceAccount token after {timeout}s (controller-manager down?)"
+    )
+
+
+@pytest.fixture
+def namespace(kube_cluster: ControlPlane) -> Iterator[str]:
+    """A namespace of its own for one test; deleted afterwards (the namespace controller empties it)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    with kube_cluster.client() as http:
+        created = http.post(
+            "/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        )
+        assert created.status_code == 201, created.text
+    wait_for_default_service_account(kube_cluster, name)
+    yield name
+    with kube_cluster.client() as http:
+        deleted = http.delete(f"/api/v1/namespaces/{name}")
+        assert deleted.status_code in (200, 202, 404), deleted.text
+
+
+@pytest.fixture
+async def kube(kube_cluster: ControlPlane) -> AsyncIterator[KubeClient]:
+    async with KubeClient(admin_config(kube_cluster)) as client:
+        yield client
