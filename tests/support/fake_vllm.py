@@ -205,7 +205,9 @@ class FakeReplica:
         self._release = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-vllm", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="fake-vllm", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -218,9 +220,10 @@ class FakeReplica:
 
     def stop(self) -> None:
         self._release.set()  # hung handlers return (to a client long gone)
-        self._server.shutdown()
+        if self._thread.is_alive():
+            self._server.shutdown()  # waits for serve_forever, so only once it runs
+            self._thread.join(timeout=5)
         self._server.server_close()
-        self._thread.join(timeout=5)
 
     def requests_to(self, path: str) -> list[RecordedRequest]:
         return [request for request in self.requests if request.path == path]

@@ -163,7 +163,7 @@ class JsonValuesInclude(_Check):
             if count == 0:
                 problems.append(f"the JSON object holds no value {_show(value)}")
             elif count < needed:
-                problems.append(f"the JSON object holds {_show(value)} {count} times, expected {needed}")
+                problems.append(f"the JSON object holds {_show(value)} {count}x, expected {needed}x")
         return problems
 
 
