@@ -1,15 +1,246 @@
-"""`mooncake-operator sandbox` (being built; see the issue that owns it)."""
+"""`mooncake-operator sandbox`: the customer's deployment on real engines, on this machine, with the canary.
+
+    mooncake-operator sandbox [run] [--engine patched|buggy] [--replicas N] [--no-speculative] [--json]
+    mooncake-operator sandbox prepare      # engine venv, tiny models, engine overlays; nothing started
+
+`run` (the default) prepares what is missing (the only step that needs the network), re-executes itself
+in a loopback-only network namespace, starts a real mooncake_master and N real vLLM CPU replicas
+configured by `engine_args` from the customer's deployment, runs the warm/cold canary across them,
+prints the verdict with its evidence and stops everything, also on Ctrl-C, SIGTERM and failure.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import httpx
+
+from mooncake_operator import netns
+from mooncake_operator.canary import CanaryConfig, CanaryResult, Verdict, customer_request, run_canary
+from mooncake_operator.canary.report import render_json, render_table
+from mooncake_operator.sandbox import (
+    EngineMode,
+    Prepared,
+    ReplicaDiedError,
+    Sandbox,
+    SandboxError,
+    SandboxOptions,
+    SandboxSetupError,
+    prepare,
+    start_sandbox,
+)
+from mooncake_operator.sandbox.runtime import MAX_REPLICAS
+
+
+class ExitCode:
+    PASSED = 0
+    FAILED = 1
+    INCONCLUSIVE = 2
+    SETUP_ERROR = 3
+    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+VERDICT_EXIT = {
+    Verdict.PASSED: ExitCode.PASSED,
+    Verdict.FAILED: ExitCode.FAILED,
+    Verdict.INCONCLUSIVE: ExitCode.INCONCLUSIVE,
+}
+CONTENT_CHECKS_OFF = (
+    "content checks off: the tiny random model answers gibberish, so the canary checks that the warm "
+    "answer equals the cold one and that the reader loaded the prefix from the store"
+)
+REQUEST_TIMEOUT_S = 300.0  # a CPU replica on a busy 2-core machine can take long for 80 tokens
+
+EPILOG = """\
+exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 setup error (engine env,
+models, master, a replica that did not start), 130 interrupted.
+
+Everything heavy is cached in $MOONCAKE_OPERATOR_CACHE (default ~/.cache/mooncake-operator).
+"""
+
+
+class _SandboxArgumentParser(argparse.ArgumentParser):
+    """Usage errors exit 3: argparse's usual 2 means Inconclusive for this command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.SETUP_ERROR, f"{self.prog}: error: {message}\n")
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("sandbox", help="(not available yet)")
+    parser = subparsers.add_parser(
+        "sandbox",
+        help="run the customer's deployment on real CPU engines here and prove it with the canary",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.__class__ = _SandboxArgumentParser
+    parser.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "prepare"),
+        default="run",
+        help="run (default): start and prove; prepare: set up the engine env, models and overlays only",
+    )
+    parser.add_argument(
+        "--engine",
+        choices=[mode.value for mode in EngineMode],
+        default=EngineMode.PATCHED.value,
+        help="patched (default): the pre-fix coordinator after our patcher; buggy: the pre-fix coordinator",
+    )
+    parser.add_argument("--replicas", type=_replica_count, default=2, metavar="N", help="replicas (2)")
+    parser.add_argument(
+        "--no-speculative", action="store_true", help="drop the deployment's Eagle-3 speculative config"
+    )
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
+    parser.add_argument(
+        "--keep-logs", action="store_true", help="keep the run directory (logs, store configs) on success too"
+    )
     parser.set_defaults(func=_run)
 
 
+def _replica_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 2 <= value <= MAX_REPLICAS:
+        raise argparse.ArgumentTypeError(
+            f"need 2 to {MAX_REPLICAS} replicas (one writes the prefix, another reads it), got {value}"
+        )
+    return value
+
+
 def _run(args: argparse.Namespace) -> int:
-    raise SystemExit("mooncake-operator sandbox: not available in this build yet")
+    engine = EngineMode(args.engine)
+    log = _stderr_line
+    try:
+        # Outside the namespace: the first run installs packages.
+        engines = tuple(EngineMode) if args.action == "prepare" else (engine,)
+        prepared = prepare(engines, log=log)
+    except SandboxSetupError as error:
+        log(f"setup error: {error}")
+        return ExitCode.SETUP_ERROR
+    except KeyboardInterrupt:
+        log("interrupted during set-up")
+        return ExitCode.INTERRUPTED
+    if args.action == "prepare":
+        log(f"ready: engine venv {prepared.env.venv}, models {prepared.models.root}")
+        for build in prepared.builds.values():
+            status = f"patch_connector.py status: {build.patcher_status}"
+            log(f"engine {build.mode.value}: {build.pythonpath} ({status})")
+        return ExitCode.PASSED
+    isolated = _enter_private_netns()
+    options = SandboxOptions(
+        replicas=args.replicas, engine=engine, speculative=not args.no_speculative, keep_logs=args.keep_logs
+    )
+    return run_sandbox(options, prepared, as_json=args.json, isolated=isolated)
+
+
+def _enter_private_netns() -> bool:
+    """Re-execute this command in a loopback-only namespace (no return), or say why it runs without one."""
+    if netns.in_private_netns():
+        return True
+    if netns.namespaces_permitted():
+        netns.exec_in_netns([sys.executable, "-m", "mooncake_operator", *sys.argv[1:]])
+    _stderr_line(
+        "warning: network namespaces are not permitted here; running on 127.0.0.1 of the host network "
+        "(vLLM's Mooncake store client still listens on 0.0.0.0 while the sandbox runs)"
+    )
+    return False
+
+
+def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, isolated: bool) -> int:
+    """Start, prove, report, tear down; the exit code for the outcome."""
+    outcome: dict[str, Any] = {"engine": options.engine.value, "replicas": options.replicas}
+    outcome["speculative"] = options.speculative
+    outcome["network_namespace"] = isolated
+    try:
+        code = asyncio.run(_main(options, prepared, outcome))
+    except KeyboardInterrupt:
+        code = ExitCode.INTERRUPTED
+        outcome["error"] = "interrupted (SIGINT); every process the sandbox started was stopped"
+    except asyncio.CancelledError:
+        code = 128 + signal.SIGTERM
+        outcome["error"] = "terminated (SIGTERM); every process the sandbox started was stopped"
+    except ReplicaDiedError as error:
+        code = ExitCode.FAILED
+        outcome["error"] = f"replica died: {error}"
+    except SandboxSetupError as error:
+        code = ExitCode.SETUP_ERROR
+        outcome["error"] = f"setup error: {error}"
+    except SandboxError as error:
+        code = ExitCode.FAILED
+        outcome["error"] = str(error)
+    outcome["exit_code"] = code
+    _print_outcome(outcome, as_json=as_json)
+    return code
+
+
+async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, Any]) -> int:
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    loop = asyncio.get_running_loop()
+    # SIGINT already cancels the main task under asyncio.run; SIGTERM must do the same, so the
+    # context manager below tears everything down before the process exits.
+    loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
+    started = time.monotonic()
+    async with start_sandbox(options, prepared=prepared) as sandbox:
+        outcome["healthy_after_s"] = round(time.monotonic() - started, 1)
+        outcome["substitutions"] = sandbox.describe()
+        outcome["content_checks"] = CONTENT_CHECKS_OFF
+        for line in sandbox.describe():
+            _stderr_line(f"  {line}")
+        result = await sandbox.guard(_canary(sandbox))
+        outcome["rss_bytes"] = sandbox.rss_bytes()
+        outcome["verdict"] = result.verdict.value
+        outcome["canary"] = json.loads(render_json(result))
+        outcome["canary_table"] = render_table(result)
+    return VERDICT_EXIT[result.verdict]
+
+
+async def _canary(sandbox: Sandbox) -> CanaryResult:
+    config = canary_config(
+        sandbox.replica_urls, block_size=sandbox.block_size, eagle=sandbox.options.speculative
+    )
+    _stderr_line(f"sandbox: canary across {', '.join(sandbox.replica_urls)} ({CONTENT_CHECKS_OFF})")
+    async with httpx.AsyncClient(trust_env=False) as client:
+        return await run_canary(config, client=client)
+
+
+def canary_config(replicas: Sequence[str], *, block_size: int, eagle: bool) -> CanaryConfig:
+    """The customer's request, content checks off, the exact external hit demanded for this block size."""
+    return CanaryConfig(
+        replicas=list(replicas),
+        request=customer_request(),
+        expectations=[],
+        pairs="ring",
+        request_timeout_s=REQUEST_TIMEOUT_S,
+        block_size=block_size,
+        eagle=eagle,
+    )
+
+
+def _print_outcome(outcome: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        printable = {key: value for key, value in outcome.items() if key != "canary_table"}
+        sys.stdout.write(json.dumps(printable, indent=2) + "\n")
+        return
+    if "canary_table" in outcome:
+        sys.stdout.write(outcome["canary_table"])
+        sys.stdout.write(f"sandbox: verdict {outcome['verdict']}; {CONTENT_CHECKS_OFF}\n")
+    if "error" in outcome:
+        sys.stdout.write(f"sandbox: {outcome['error']}\n")
+    sys.stdout.write(f"sandbox: exit {outcome['exit_code']}\n")
+
+
+def _stderr_line(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)

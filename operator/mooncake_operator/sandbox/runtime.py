@@ -1,0 +1,448 @@
+"""A running sandbox: one real mooncake_master and N real vLLM CPU replicas on 127.0.0.1.
+
+    async with start_sandbox(SandboxOptions(engine=EngineMode.BUGGY)) as sandbox:
+        urls = sandbox.replica_urls
+        await sandbox.restart_replica(1, speculative=False)
+
+Every argv, environment variable and store-config key comes from `mooncake_operator.engine_args`
+(the production source), fed the customer's deployment; only the CPU substitutions differ, and
+`Sandbox.describe()` lists each of them. Whatever happens (success, exception, cancellation by
+Ctrl-C or SIGTERM), leaving the context stops every process the sandbox started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+from mooncake_operator.api import MooncakeServingSpec
+from mooncake_operator.engine_args import (
+    EngineLaunch,
+    SandboxSubstitutions,
+    describe_substitutions,
+    master_argv,
+    replica_launch,
+)
+from mooncake_operator.examples import customer_deployment
+from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
+from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
+from mooncake_operator.sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSetupError
+from mooncake_operator.sandbox.models import TinyModels, ensure_tiny_models
+from mooncake_operator.sandbox.processes import ManagedProcess, free_port, stop_processes, tree_rss_bytes
+from mooncake_operator.sandbox.progress import Progress
+
+LOOPBACK = "127.0.0.1"
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MAX_REPLICAS = 8
+# Exist only because this is a CPU sandbox; printed next to the engine_args substitutions.
+SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per replica (vLLM's CPU default is 4)
+    "VLLM_NO_USAGE_STATS": "1",  # nothing leaves the machine
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",  # local models only: never contact a model hub
+    "TRANSFORMERS_OFFLINE": "1",
+}
+# The caller's own interpreter settings must not leak into the engine's python.
+# The master forgets a store client that misses heartbeats for client_ttl seconds (default 10) and
+# unmounts its segment; on a loaded 2-core machine an engine's heartbeat thread can starve that long.
+MASTER_EXTRA_ARGS = ("-client_ttl=60",)
+_DROPPED_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "MOONCAKE_CONFIG_PATH")
+_POLL_S = 0.5
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SandboxOptions:
+    replicas: int = 2
+    engine: EngineMode = EngineMode.PATCHED
+    speculative: bool = True
+    keep_logs: bool = False
+    run_dir: Path | None = None  # default: a fresh temporary directory
+    startup_timeout_s: float = 900.0
+    stop_grace_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.replicas <= MAX_REPLICAS:
+            raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, got {self.replicas}")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything installed or generated before any process starts."""
+
+    cache: Path
+    env: EngineEnv
+    models: TinyModels
+    builds: Mapping[EngineMode, EngineBuild]
+
+
+def prepare(engines: tuple[EngineMode, ...], *, log: Log, cache: Path | None = None) -> Prepared:
+    """Engine venv, tiny models and engine overlays: the only step that may need the network."""
+    root = cache if cache is not None else cache_root()
+    env = ensure_engine_env(root, log=log)
+    models = ensure_tiny_models(env, root, log=log)
+    builds = {mode: prepare_engine(env, mode, root, log=log) for mode in engines}
+    return Prepared(cache=root, env=env, models=models, builds=builds)
+
+
+def sandbox_spec(*, speculative: bool) -> MooncakeServingSpec:
+    """The customer's deployment spec; without its speculative config for `--no-speculative`."""
+    spec = customer_deployment().spec
+    return spec if speculative else spec.model_copy(update={"speculative": None})
+
+
+def substitutions_for(models: TinyModels, *, speculative: bool) -> SandboxSubstitutions:
+    return SandboxSubstitutions(
+        model_path=str(models.target), draft_model_path=str(models.draft) if speculative else None
+    )
+
+
+def replica_env(inherited: Mapping[str, str], launch: EngineLaunch, build: EngineBuild) -> dict[str, str]:
+    """The replica's environment: the caller's, minus its python settings, plus sandbox and production env."""
+    env = {key: value for key, value in inherited.items() if key not in _DROPPED_ENV}
+    env.update(SANDBOX_RUNTIME_ENV)
+    env["PYTHONPATH"] = str(build.pythonpath)
+    env.update(launch.env)  # production's PYTHONHASHSEED and MOONCAKE_CONFIG_PATH, verbatim
+    return env
+
+
+@dataclass(eq=False)
+class Replica:
+    index: int
+    port: int
+    engine: EngineMode
+    speculative: bool
+    process: ManagedProcess | None = None
+    launch: EngineLaunch | None = None
+    restarts: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"replica-{chr(ord('A') + self.index)}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
+@dataclass(eq=False)
+class Sandbox:
+    options: SandboxOptions
+    prepared: Prepared
+    run_dir: Path
+    progress: Progress
+    inherited_env: Mapping[str, str]
+    master: ManagedProcess | None = None
+    master_port: int = field(default_factory=free_port)
+    master_metrics_port: int = field(default_factory=free_port)
+    replicas: list[Replica] = field(default_factory=list)
+    _stopped: bool = False
+
+    # --- what users of the sandbox read ------------------------------------------------------------
+
+    @property
+    def master_address(self) -> str:
+        return f"{LOOPBACK}:{self.master_port}"
+
+    @property
+    def master_metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.master_metrics_port}/metrics"
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [replica.url for replica in self.replicas]
+
+    @property
+    def block_size(self) -> int:
+        return substitutions_for(self.prepared.models, speculative=True).block_size
+
+    def spec_for(self, replica: Replica) -> MooncakeServingSpec:
+        return sandbox_spec(speculative=replica.speculative)
+
+    def describe(self) -> list[str]:
+        """What the sandbox runs differently from production, and which engine code each replica runs."""
+        speculative = any(replica.speculative for replica in self.replicas) or self.options.speculative
+        spec = sandbox_spec(speculative=speculative)
+        lines = describe_substitutions(spec, substitutions_for(self.prepared.models, speculative=speculative))
+        lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
+        lines += [f"mooncake_master {arg} (sandbox only; default 10 s)" for arg in MASTER_EXTRA_ARGS]
+        lines += [f"env {key}={value} (sandbox only)" for key, value in SANDBOX_RUNTIME_ENV.items()]
+        for replica in self.replicas:
+            build = self.prepared.builds[replica.engine]
+            draft = "eagle3" if replica.speculative else "no speculative config"
+            lines.append(
+                f"{replica.name}: {replica.url}, engine {replica.engine.value} "
+                f"(patch_connector.py status: {build.patcher_status}), {draft}"
+            )
+        return lines
+
+    def rss_bytes(self) -> int:
+        """Resident memory of every process the sandbox runs (master, replicas and their children)."""
+        processes = [self.master, *(replica.process for replica in self.replicas)]
+        return tree_rss_bytes(process.pgid for process in processes if process is not None)
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.progress.phase(f"run directory {self.run_dir}")
+        await self._start_master()
+        options = self.options
+        self.replicas = [
+            Replica(index=index, port=free_port(), engine=options.engine, speculative=options.speculative)
+            for index in range(options.replicas)
+        ]
+        for replica in self.replicas:
+            self._launch(replica)
+        await self._wait_healthy(self.replicas)
+
+    async def restart_replica(
+        self, index: int, *, speculative: bool | None = None, engine: EngineMode | None = None
+    ) -> None:
+        """Stop replica `index` and start it again on the same port, optionally changed."""
+        await self.restart_replicas([index], speculative=speculative, engine=engine)
+
+    async def restart_replicas(
+        self, indices: Sequence[int], *, speculative: bool | None = None, engine: EngineMode | None = None
+    ) -> None:
+        """Restart several replicas at once (they start concurrently); None keeps a setting as it is."""
+        chosen = [self.replicas[index] for index in indices]
+        self.check_master()
+        if engine is not None and engine not in self.prepared.builds:
+            build = await asyncio.to_thread(
+                prepare_engine, self.prepared.env, engine, self.prepared.cache, log=self.progress.phase
+            )
+            builds = {**self.prepared.builds, engine: build}
+            self.prepared = Prepared(self.prepared.cache, self.prepared.env, self.prepared.models, builds)
+        for replica in chosen:
+            self.stop_replica(replica.index)
+            replica.engine = engine or replica.engine
+            replica.speculative = replica.speculative if speculative is None else speculative
+            replica.restarts += 1
+            self.progress.phase(
+                f"restarting {replica.name}: engine {replica.engine.value}, "
+                f"{'eagle3' if replica.speculative else 'no speculative config'}"
+            )
+            self._launch(replica)
+        await self._wait_healthy(chosen)
+
+    def stop_replica(self, index: int) -> None:
+        replica = self.replicas[index]
+        if replica.process is not None:
+            stop_processes([replica.process], grace_s=self.options.stop_grace_s)
+            replica.process = None
+
+    def stop(self) -> list[str]:
+        """Stop everything (idempotent). Returns teardown problems; empty when all processes are gone."""
+        if self._stopped:
+            return []
+        self._stopped = True
+        processes = [replica.process for replica in self.replicas if replica.process is not None]
+        if self.master is not None:
+            processes.append(self.master)
+        problems = stop_processes(processes, grace_s=self.options.stop_grace_s)
+        for replica in self.replicas:
+            replica.process = None
+        return problems
+
+    # --- watching ----------------------------------------------------------------------------------
+
+    def check_master(self) -> None:
+        master = self.master
+        if master is None or master.exit_code() is not None:
+            code = None if master is None else master.exit_code()
+            tail = "" if master is None else f"\n--- {master.log_path} (tail) ---\n{master.log_tail()}"
+            raise MasterDownError(
+                f"the Mooncake master at {self.master_address} is not running (exit code {code}); "
+                f"replicas cannot store or load KV blocks without it{tail}"
+            )
+
+    def check_alive(self) -> None:
+        """Raise if the master or any replica has exited."""
+        self.check_master()
+        for replica in self.replicas:
+            process = replica.process
+            if process is None:
+                raise ReplicaDiedError(f"{replica.name} is stopped")
+            code = process.exit_code()
+            if code is not None:
+                raise ReplicaDiedError(
+                    f"{replica.name} (pid {process.pid}, {replica.url}) exited with code {code} while the "
+                    f"sandbox was using it\n--- {process.log_path} (tail) ---\n{process.log_tail()}"
+                )
+
+    async def guard(self, work: Awaitable[T]) -> T:
+        """Await `work` while watching every process; a dead one cancels it and raises at once."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=_POLL_S)
+                if done:
+                    return task.result()
+                self.check_alive()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    # --- internals ---------------------------------------------------------------------------------
+
+    async def _start_master(self) -> None:
+        argv = master_argv(
+            sandbox_spec(speculative=self.options.speculative),
+            rpc_address=LOOPBACK,
+            rpc_port=self.master_port,
+            metrics_host=LOOPBACK,
+            metrics_port=self.master_metrics_port,
+            executable=str(self.prepared.env.mooncake_master),
+        )
+        argv = (*argv, *MASTER_EXTRA_ARGS)
+        self.progress.phase(f"starting mooncake_master on {self.master_address}")
+        self.master = ManagedProcess.start(
+            "mooncake-master",
+            argv,
+            env=self.inherited_env,
+            log_path=self.run_dir / "mooncake-master.log",
+            cwd=self.run_dir,
+        )
+        started = time.monotonic()
+        while not _tcp_open(LOOPBACK, self.master_port):
+            try:
+                self.check_master()
+            except MasterDownError as error:
+                raise SandboxSetupError(f"mooncake_master did not start: {error}") from None
+            if time.monotonic() - started > 60:
+                raise SandboxSetupError(
+                    f"mooncake_master did not listen on {self.master_address} within 60 s\n"
+                    f"{self.master.log_tail()}"
+                )
+            await asyncio.sleep(0.1)
+
+    def _launch(self, replica: Replica) -> None:
+        spec = self.spec_for(replica)
+        store_config_path = self.run_dir / f"{replica.name}.mooncake_store.json"
+        launch = replica_launch(
+            spec,
+            master_address=self.master_address,
+            host=LOOPBACK,
+            port=replica.port,
+            store_config_path=str(store_config_path),
+            entrypoint=(str(self.prepared.env.python), "-m", SERVER_MODULE),
+            substitutions=substitutions_for(self.prepared.models, speculative=replica.speculative),
+        )
+        store_config_path.write_text(json.dumps(dict(launch.store_config), indent=2) + "\n")
+        env = replica_env(self.inherited_env, launch, self.prepared.builds[replica.engine])
+        replica.launch = launch
+        replica.process = ManagedProcess.start(
+            replica.name,
+            launch.argv,
+            env=env,
+            log_path=self.run_dir / f"{replica.name}.{replica.restarts}.log",
+            cwd=self.run_dir,
+        )
+
+    async def _wait_healthy(self, replicas: list[Replica]) -> None:
+        started = time.monotonic()
+        healthy: set[int] = set()
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while len(healthy) < len(replicas):
+                self._check_starting(replicas)
+                for replica in replicas:
+                    if replica.index not in healthy and await _healthy(client, replica.url):
+                        healthy.add(replica.index)
+                elapsed = time.monotonic() - started
+                self.progress.states(
+                    {r.name: "healthy" if r.index in healthy else "starting" for r in replicas}, elapsed
+                )
+                if len(healthy) == len(replicas):
+                    break
+                if elapsed > self.options.startup_timeout_s:
+                    slow = [r for r in replicas if r.index not in healthy]
+                    raise SandboxSetupError(
+                        f"{', '.join(r.name for r in slow)} not healthy after {elapsed:.0f} s"
+                        + "".join(_log_excerpt(r) for r in slow)
+                    )
+                await asyncio.sleep(_POLL_S)
+        self.progress.done()
+        self.progress.phase(
+            f"{', '.join(r.name for r in replicas)} healthy after {time.monotonic() - started:.1f} s"
+        )
+
+    def _check_starting(self, replicas: list[Replica]) -> None:
+        self.check_master()
+        for replica in replicas:
+            assert replica.process is not None
+            code = replica.process.exit_code()
+            if code is not None:
+                raise SandboxSetupError(
+                    f"{replica.name} exited with code {code} during start-up{_log_excerpt(replica)}"
+                )
+
+
+def _log_excerpt(replica: Replica) -> str:
+    if replica.process is None:
+        return ""
+    return f"\n--- {replica.process.log_path} (tail) ---\n{replica.process.log_tail()}"
+
+
+async def _healthy(client: httpx.AsyncClient, url: str) -> bool:
+    try:
+        response = await client.get(f"{url}/health")
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def _tcp_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@asynccontextmanager
+async def start_sandbox(
+    options: SandboxOptions,
+    *,
+    progress: Progress | None = None,
+    prepared: Prepared | None = None,
+    inherited_env: Mapping[str, str] | None = None,
+) -> AsyncIterator[Sandbox]:
+    """Prepare (or reuse `prepared`), start master + replicas, yield the sandbox, always tear down."""
+    reporter = progress if progress is not None else Progress()
+    if prepared is None or options.engine not in prepared.builds:
+        prepared = await asyncio.to_thread(prepare, (options.engine,), log=reporter.phase)
+    run_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="mooncake-sandbox-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    sandbox = Sandbox(
+        options=options,
+        prepared=prepared,
+        run_dir=run_dir,
+        progress=reporter,
+        inherited_env=dict(os.environ if inherited_env is None else inherited_env),
+    )
+    failed = True
+    try:
+        await sandbox.start()
+        yield sandbox
+        failed = False
+    finally:
+        problems = sandbox.stop()
+        for problem in problems:
+            reporter.phase(f"teardown problem: {problem}")
+        if failed or options.keep_logs or problems:
+            reporter.phase(f"logs kept in {run_dir}")
+        elif options.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
