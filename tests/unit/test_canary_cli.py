@@ -1,0 +1,162 @@
+"""`mooncake-operator canary` through the CLI entry point, against loopback fake replicas."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from tests.support.fake_vllm import FakeCluster, Mode
+
+from mooncake_operator.canary import customer_request
+from mooncake_operator.cli import main
+
+pytestmark = pytest.mark.unit
+
+
+def replica_args(urls: list[str]) -> list[str]:
+    return [argument for url in urls for argument in ("--replica", url)]
+
+
+def test_passing_replicas_print_a_table_and_exit_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster.start(2) as cluster:
+        code = main(["canary", *replica_args(cluster.urls), "--block-size", "32", "--eagle"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith("canary ")
+    assert ": Passed — all 2 pairs" in out
+    assert "expected hit: 128 tokens (block size 32, Eagle)" in out
+    assert f"{cluster.urls[0]} -> {cluster.urls[1]}  Passed" in out
+    assert out.rstrip().endswith("exit 0")
+
+
+def test_json_output_is_the_result(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.US_EAST]) as cluster:
+        code = main(["canary", *replica_args(cluster.urls), "--pairs", "first", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert result["verdict"] == "Failed"
+    assert result["pairs"][0]["mismatch"]["position"] == 15
+    assert result["pairs"][0]["warm"]["text"].startswith('{"region": "us-east"')
+
+
+def test_failed_pairs_show_both_answers(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.PARAPHRASE]) as cluster:
+        code = main(["canary", *replica_args(cluster.urls), "--pairs", "first"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert '  cold answer: \'{"region": "us-west"' in out
+    assert "  warm answer: 'I keep the deployment record" in out
+    assert "  - warm answer: text before the JSON object" in out
+
+
+def test_inconclusive_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.NEVER_LOADS]) as cluster:
+        assert main(["canary", *replica_args(cluster.urls)]) == 2
+    assert "Inconclusive" in capsys.readouterr().out
+
+
+def test_an_unreachable_replica_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    with FakeCluster.start(1) as cluster:
+        assert main(["canary", "--replica", cluster.urls[0], "--replica", closed, "--retries", "0"]) == 3
+    assert "cannot connect to" in capsys.readouterr().out
+
+
+def test_request_model_and_expectation_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "chat.json"
+    request.write_text(json.dumps({**customer_request(), "model": "placeholder"}))
+    expect = tmp_path / "expect.yaml"
+    expect.write_text(
+        "- kind: json_field_equals\n  field: replica\n  value: 4\n- kind: not_contains\n  text: us-east\n"
+    )
+    with FakeCluster.start(2, model="tiny") as cluster:
+        args = ["canary", *replica_args(cluster.urls), "--request", str(request), "--expect", str(expect)]
+        assert main([*args, "--model", "tiny"]) == 0
+        out = capsys.readouterr().out
+        checks = "the JSON field named like 'replica' equals 4; the answer does not contain 'us-east'"
+        assert f"expectations: {checks}" in out
+        assert main(args) == 1  # the request's own model is not served
+    assert "The model `placeholder` does not exist." in capsys.readouterr().out
+
+
+def test_no_expect_turns_content_checks_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    request = tmp_path / "chat.yaml"
+    request.write_text(
+        f"model: {customer_request()['model']}\nmessages:\n  - role: user\n    content: {'x ' * 80}\n"
+    )
+    with FakeCluster.start(2) as cluster:
+        assert main(["canary", *replica_args(cluster.urls), "--request", str(request)]) == 1
+        assert main(["canary", *replica_args(cluster.urls), "--request", str(request), "--no-expect"]) == 0
+    out = capsys.readouterr().out
+    assert "expectations: off (content checks disabled)" in out
+    assert "warning: content checks off" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replica", "http://127.0.0.1:9"], "give at least two --replica URLs"),
+        (["--replica", "http://127.0.0.1:9", "--replica", "127.0.0.1:10"], "must look like http://HOST:PORT"),
+        (["--request", "/nonexistent/chat.json"], "cannot read /nonexistent/chat.json"),
+        (["--eagle"], "eagle needs block_size"),
+    ],
+)
+def test_usage_errors_exit_3_with_an_actionable_message(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    defaults = (
+        [] if "--replica" in args else ["--replica", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:10"]
+    )
+    assert main(["canary", *defaults, *args]) == 3
+    assert message in capsys.readouterr().err
+
+
+def test_bad_expectation_files_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    expect = tmp_path / "expect.yaml"
+    expect.write_text("- kind: json_values_include\n  values: []\n")
+    args = [
+        "canary",
+        "--replica",
+        "http://127.0.0.1:9",
+        "--replica",
+        "http://127.0.0.1:10",
+        "--expect",
+        str(expect),
+    ]
+    assert main(args) == 3
+    assert "0.json_values_include.values: List should have at least 1 item" in capsys.readouterr().err
+    expect.write_text("- kind: [unclosed\n")
+    assert main(args) == 3
+    assert "is neither JSON nor YAML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--replica", "http://a:1", "--replica", "http://b:1", "--bogus"],
+        ["--replica", "http://a:1", "--replica", "http://b:1", "--timeout", "soon"],
+        ["--replica", "http://a:1", "--replica", "http://b:1", "--pairs", "all"],
+        ["--replica", "http://a:1", "--replica", "http://b:1", "--block-size", "32", "--expected-hit", "128"],
+        ["--replica", "http://a:1", "--replica", "http://b:1", "--expect", "x", "--no-expect"],
+        [],
+    ],
+)
+def test_argument_errors_exit_3_not_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["canary", *args])
+    assert exited.value.code == 3
+    assert "mooncake-operator canary: error:" in capsys.readouterr().err
+
+
+def test_help_documents_exit_codes_and_expectations(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["canary", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "exit status: 0 passed, 1 failed, 2 inconclusive, 3 usage error" in out
+    assert "kind: json_values_include" in out
+    assert "--block-size N" in out
