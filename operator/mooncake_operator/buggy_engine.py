@@ -15,6 +15,7 @@ user's vLLM install is never modified (an overlay package shadows it instead).
 from __future__ import annotations
 
 import ast
+import itertools
 import os
 import re
 import shutil
@@ -76,7 +77,7 @@ class _Source:
 
     def apply(self, edits: Sequence[_Edit]) -> str:
         ordered = sorted(edits, key=lambda edit: (edit.start, edit.end))
-        for before, after in zip(ordered, ordered[1:], strict=False):
+        for before, after in itertools.pairwise(ordered):
             if before.end > after.start:
                 raise BuggyEngineError("internal error: overlapping edits")
         out = self.data
@@ -307,11 +308,11 @@ def make_buggy_overlay(
     coordinator = original / COORDINATOR_RELPATH
     if not (original / "__init__.py").is_file() or not coordinator.is_file():
         raise BuggyEngineError(f"{vllm_dir} is not a vllm package with {COORDINATOR_RELPATH}")
-    dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
     target = root / "vllm"
     if _is_within(root, original) or _is_within(original, target):
         raise BuggyEngineError(f"overlay {dest} would overlap the real vLLM package {original}")
+    root.mkdir(parents=True, exist_ok=True)
     if (target.exists() or target.is_symlink()) and not (target / OVERLAY_STAMP).is_file():
         raise BuggyEngineError(f"{target} exists and is not an overlay made here; refusing to replace it")
     text = transform(coordinator.read_text(encoding="utf-8"))
