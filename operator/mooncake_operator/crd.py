@@ -87,8 +87,11 @@ def structural_schema(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, A
         node = {**{key: value for key, value in node.items() if key != "const"}, "enum": [node["const"]]}
 
     result: dict[str, Any] = {key: node[key] for key in _KEPT_KEYWORDS if key in node}
-    if result.get("default", 0) is None:
-        del result["default"]  # "unset" needs no default
+    # No default for "unset", and none for "": an API server built with Go >= 1.16 before kube-openapi's
+    # fix (kubernetes/kubernetes#99804, e.g. 1.20) validates "" as null and rejects the whole CRD. The
+    # models apply both defaults when the operator parses a resource.
+    if "default" in result and result["default"] in (None, ""):
+        del result["default"]
     if "properties" in node:
         result["type"] = "object"
         result["properties"] = {
