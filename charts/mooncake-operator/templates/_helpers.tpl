@@ -1,0 +1,53 @@
+{{/* Chart name, truncated to the 63 characters a label value allows. */}}
+{{- define "mooncake-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name of the release's objects: <release>-<chart> unless the release name already holds the chart's. */}}
+{{- define "mooncake-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "mooncake-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "mooncake-operator.labels" -}}
+helm.sh/chart: {{ include "mooncake-operator.chart" . }}
+{{ include "mooncake-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The operator pod's selector: immutable on the Deployment, so only labels that never change. */}}
+{{- define "mooncake-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mooncake-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "mooncake-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "mooncake-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "mooncake-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Namespace of the MooncakeServing that `helm test` proves. */}}
+{{- define "mooncake-operator.testNamespace" -}}
+{{- default .Release.Namespace .Values.test.servingNamespace }}
+{{- end }}
