@@ -80,19 +80,20 @@ class KubeApiError(KubeError):
 class KubeConfig:
     """Where the API server is and how to authenticate to it.
 
-    `token_path` (in-cluster) is re-read on every request: kubelet rotates bound tokens.
+    `token_path` (in-cluster, or a kubeconfig's tokenFile) is re-read on every request: bound
+    tokens are rotated in place.
     `ca_data` / `client_cert_data` / `client_key_data` are PEM bytes (kubeconfig's *-data).
     """
 
     server: str
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # never in logs
     token_path: Path | None = None
     ca_path: Path | None = None
-    ca_data: bytes | None = None
+    ca_data: bytes | None = field(default=None, repr=False)
     client_cert_path: Path | None = None
     client_key_path: Path | None = None
-    client_cert_data: bytes | None = None
-    client_key_data: bytes | None = None
+    client_cert_data: bytes | None = field(default=None, repr=False)
+    client_key_data: bytes | None = field(default=None, repr=False)
     insecure_skip_tls_verify: bool = False
     namespace: str | None = None
 
@@ -201,12 +202,11 @@ def kubeconfig_to_config(
         return None if value is None else base64.b64decode(value)
 
     token = user.get("token")
-    token_file = path_of(user.get("tokenFile"))
-    if token is None and token_file is not None:
-        token = token_file.read_text().strip()
+    token_file = path_of(user.get("tokenFile")) if token is None else None
     return KubeConfig(
         server=str(cluster["server"]).rstrip("/"),
         token=token,
+        token_path=token_file,
         ca_path=path_of(cluster.get("certificate-authority")),
         ca_data=data_of(cluster.get("certificate-authority-data")),
         client_cert_path=path_of(user.get("client-certificate")),

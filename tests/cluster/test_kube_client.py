@@ -272,6 +272,36 @@ async def test_in_cluster_config_rereads_a_rotated_token(kube_cluster: ControlPl
     assert raised.value.status == 401
 
 
+async def test_kubeconfig_token_file_relative_to_the_kubeconfig(
+    kube_cluster: ControlPlane, tmp_path: Path
+) -> None:
+    (tmp_path / "token").write_text(kube_cluster.admin_token)
+    document = {
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {
+                    "server": kube_cluster.server,
+                    "certificate-authority": str(kube_cluster.ca_path),
+                },
+            }
+        ],
+        "users": [{"name": "u", "user": {"tokenFile": "token"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(document))
+    config = KubeConfig.from_kubeconfig(tmp_path / "kubeconfig")
+    assert config.token_path == tmp_path / "token"
+    async with KubeClient(config) as client:
+        await client.get("v1", "Namespace", "default")
+
+
+def test_config_repr_never_shows_credentials() -> None:
+    config = KubeConfig(server="https://127.0.0.1:1", token="s3cret", client_key_data=b"KEY")
+    assert "s3cret" not in repr(config) and "KEY" not in repr(config)
+
+
 def test_in_cluster_config_outside_a_cluster_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(KubeConfigError, match="KUBERNETES_SERVICE_HOST"):
         KubeConfig.in_cluster(tmp_path, {})

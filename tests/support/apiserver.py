@@ -14,6 +14,7 @@ started and removes its temporary directory.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -199,6 +200,7 @@ class ControlPlane:
         if self._stopped:
             return
         self._stopped = True
+        atexit.unregister(self.stop)
         # Reverse start order: the controller-manager and the API server need etcd to exit cleanly.
         for name in reversed(list(self.processes)):
             _terminate(self.processes[name])
@@ -344,6 +346,8 @@ def start_control_plane(
         kubeconfig=workdir / "admin.kubeconfig",
         workdir=workdir,
     )
+    # A caller that forgets stop(), or an interrupted test run, still leaves no servers behind.
+    atexit.register(plane.stop)
     try:
         generate_certificates(certs)
         (certs / "tokens.csv").write_text(f'{admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
