@@ -473,6 +473,17 @@ class PairEvidence(ApiModel):
     notes: list[str] = Field(default_factory=list, description="Evidence that did not decide the verdict.")
 
 
+class CanaryTarget(ApiModel):
+    """What a canary run was run against; a difference from the present state makes the next run due."""
+
+    revision: str = Field(description="Digest of the spec the replicas were rendered from.")
+    generation: int | None = Field(default=None, ge=0)
+    replica_pods: list[str] = Field(default_factory=list, description="name=uid of each replica pod.")
+    master_pod: str | None = Field(default=None, description="UID of the master pod.")
+    master_restarts: int = Field(default=0, ge=0, description="Container restarts of the master pod.")
+    rerun: str | None = Field(default=None, description="Value of the rerun-canary annotation.")
+
+
 class CanaryStatus(ApiModel):
     run_id: str
     verdict: Verdict
@@ -481,6 +492,7 @@ class CanaryStatus(ApiModel):
     started_at: str | None = None
     finished_at: str | None = None
     pairs: list[PairEvidence] = Field(default_factory=list)
+    target: CanaryTarget | None = None
 
 
 class MooncakeServingStatus(ApiModel):
@@ -490,6 +502,14 @@ class MooncakeServingStatus(ApiModel):
     replicas: ReplicaCounts | None = None
     canary: CanaryStatus | None = None
     last_good_revision: str | None = None
+    desired_revision: str | None = Field(default=None, description="Digest of the spec.")
+    serving_revision: str | None = Field(default=None, description="Digest of the spec the children run.")
+    failed_revision: str | None = Field(
+        default=None, description="Spec revision rolled back after a failure."
+    )
+    out_of_traffic: list[str] = Field(
+        default_factory=list, description="Replica pods out of the client Service."
+    )
 
 
 # --- resource ------------------------------------------------------------------------------------------
