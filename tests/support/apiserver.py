@@ -40,12 +40,17 @@ ADMIN_USER = "harness-admin"
 # What the operator's tests need from the controller-manager: owned objects are garbage
 # collected, deleted namespaces are emptied, and every namespace gets a `default`
 # ServiceAccount with a token Secret (the ServiceAccount admission plugin requires both
-# before it admits a Pod).
+# before it admits a Pod). The workload controllers create the pods of Deployments and
+# StatefulSets (they stay Pending: no scheduler, no kubelet; tests set their status), so the
+# operator's readiness checks, pod replacement and rolling updates run as in a cluster.
 DEFAULT_CONTROLLERS: tuple[str, ...] = (
     "garbagecollector",
     "namespace",
     "serviceaccount",
     "serviceaccount-token",
+    "deployment",
+    "replicaset",
+    "statefulset",
 )
 _LOG_TAIL_LINES = 40
 
