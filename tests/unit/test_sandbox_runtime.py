@@ -1,0 +1,340 @@
+"""The sandbox's orchestration against fake engines: real processes and HTTP, no vLLM.
+
+The fake `python` and `mooncake_master` below stand in for the engine venv's: the fake engine records
+the argv and environment it was started with, then serves /health on the port it was given. That is
+enough to prove the sandbox launches exactly what `engine_args` produces, waits, watches, and always
+tears down, in well under a minute.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from mooncake_operator.engine_args import replica_launch
+from mooncake_operator.sandbox import (
+    EngineBuild,
+    EngineMode,
+    MasterDownError,
+    Prepared,
+    ReplicaDiedError,
+    SandboxOptions,
+    SandboxSetupError,
+    SilentProgress,
+    sandbox_spec,
+    start_sandbox,
+)
+from mooncake_operator.sandbox.engine_env import EngineEnv
+from mooncake_operator.sandbox.models import TinyModels
+from mooncake_operator.sandbox.processes import group_members, port_is_free
+from mooncake_operator.sandbox.runtime import (
+    MASTER_EXTRA_ARGS,
+    SANDBOX_RUNTIME_ENV,
+    SERVER_MODULE,
+    replica_env,
+    substitutions_for,
+)
+
+pytestmark = pytest.mark.unit
+
+FAKE_ENGINE = r"""
+import http.server, json, os, sys, time
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+behaviour = os.environ.get("FAKE_ENGINE", "serve")
+record = os.path.join(os.environ["FAKE_RECORDS"], f"{port}-{time.monotonic_ns()}.json")
+with open(record, "w") as out:
+    json.dump({"argv": sys.argv, "env": dict(os.environ)}, out)
+if behaviour == "exit":
+    print("fake engine: cannot load the model", flush=True)
+    sys.exit(7)
+if behaviour == "never-healthy":
+    time.sleep(3600)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+
+print("fake engine: serving", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+FAKE_MASTER = r"""
+import socket, sys
+port = int(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("-rpc_port=")))
+server = socket.create_server(("127.0.0.1", port))
+print("fake master: listening", sys.argv[1:], flush=True)
+while True:
+    server.accept()[0].close()
+"""
+
+
+def _wrapper(path: Path, script: Path) -> None:
+    path.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def prepared(tmp_path: Path) -> Prepared:
+    venv = tmp_path / "engine-venv"
+    (venv / "bin").mkdir(parents=True)
+    (tmp_path / "fake_engine.py").write_text(FAKE_ENGINE)
+    (tmp_path / "fake_master.py").write_text(FAKE_MASTER)
+    _wrapper(venv / "bin" / "python", tmp_path / "fake_engine.py")
+    _wrapper(venv / "bin" / "mooncake_master", tmp_path / "fake_master.py")
+    builds = {
+        mode: EngineBuild(
+            mode=mode,
+            pythonpath=tmp_path / f"overlay-{mode.value}",
+            vllm_dir=tmp_path / f"overlay-{mode.value}" / "vllm",
+            patcher_status=mode.value,
+            patcher_detail="fake",
+        )
+        for mode in EngineMode
+    }
+    return Prepared(
+        cache=tmp_path, env=EngineEnv(venv), models=TinyModels(tmp_path / "models"), builds=builds
+    )
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    path = tmp_path / "records"
+    path.mkdir()
+    return path
+
+
+def _env(records: Path, behaviour: str = "serve") -> dict[str, str]:
+    return {
+        "PATH": os.environ["PATH"],
+        "FAKE_RECORDS": str(records),
+        "FAKE_ENGINE": behaviour,
+        "VIRTUAL_ENV": "/somewhere/.venv",
+        "PYTHONPATH": "/somewhere/else",
+    }
+
+
+def _recorded(records: Path, port: int) -> list[dict[str, object]]:
+    return [json.loads(path.read_text()) for path in sorted(records.glob(f"{port}-*.json"))]
+
+
+def _options(tmp_path: Path, **changes: object) -> SandboxOptions:
+    settings: dict[str, object] = {
+        "engine": EngineMode.BUGGY,
+        "run_dir": tmp_path / "run",
+        "stop_grace_s": 2.0,
+    }
+    settings.update(changes)
+    return SandboxOptions(**settings)  # type: ignore[arg-type]
+
+
+async def test_replicas_run_exactly_what_engine_args_renders(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    async with start_sandbox(
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        assert len(sandbox.replica_urls) == 2 and len(set(sandbox.replica_urls)) == 2
+        for replica in sandbox.replicas:
+            (seen,) = _recorded(records, replica.port)
+            config_path = sandbox.run_dir / f"{replica.name}.mooncake_store.json"
+            expected = replica_launch(
+                sandbox_spec(speculative=True),
+                master_address=sandbox.master_address,
+                host="127.0.0.1",
+                port=replica.port,
+                store_config_path=str(config_path),
+                entrypoint=(str(prepared.env.python), "-m", SERVER_MODULE),
+                substitutions=substitutions_for(prepared.models, speculative=True),
+            )
+            assert seen["argv"][1:] == list(expected.argv[1:])  # argv[0]: the wrapper's python
+            env = seen["env"]
+            assert isinstance(env, dict)
+            assert env["PYTHONHASHSEED"] == expected.env["PYTHONHASHSEED"] == "0"
+            assert env["MOONCAKE_CONFIG_PATH"] == str(config_path)
+            assert json.loads(config_path.read_text()) == dict(expected.store_config)
+            assert env["PYTHONPATH"] == str(prepared.builds[EngineMode.BUGGY].pythonpath)
+            assert "VIRTUAL_ENV" not in env
+            assert all(env[key] == value for key, value in SANDBOX_RUNTIME_ENV.items())
+        master_log = (sandbox.run_dir / "mooncake-master.log").read_text()
+        assert f"-rpc_port={sandbox.master_port}" in master_log
+        assert "-rpc_address=127.0.0.1" in master_log and MASTER_EXTRA_ARGS[0] in master_log
+        groups = [replica.process.pgid for replica in sandbox.replicas if replica.process]
+        assert sandbox.master is not None
+        groups.append(sandbox.master.pgid)
+        ports = [replica.port for replica in sandbox.replicas] + [sandbox.master_port]
+    assert all(group_members(pgid) == [] for pgid in groups)
+    assert all(port_is_free(port) for port in ports)
+
+
+async def test_describe_lists_every_substitution(tmp_path: Path, prepared: Prepared, records: Path) -> None:
+    async with start_sandbox(
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        lines = sandbox.describe()
+    text = "\n".join(lines)
+    assert "block-size: 16 -> 32" in text
+    assert "tensor-parallel-size: 4 -> 1" in text
+    assert "draft model: thoughtworks/MiniMax-M2.5-Eagle3" in text
+    assert "-client_ttl=60" in text
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in text
+    assert "replica-A" in text and "engine buggy (patch_connector.py status: buggy)" in text
+
+
+async def test_a_replica_that_exits_during_start_up_is_a_setup_error_with_its_log(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(SandboxSetupError) as caught:
+        async with start_sandbox(
+            _options(tmp_path),
+            progress=SilentProgress(),
+            prepared=prepared,
+            inherited_env=_env(records, "exit"),
+        ):
+            pytest.fail("the sandbox must not start")
+    message = str(caught.value)
+    assert "exited with code 7 during start-up" in message
+    assert "fake engine: cannot load the model" in message
+    assert time.monotonic() - started < 30
+    assert (tmp_path / "run" / "replica-A.0.log").exists(), "logs are kept after a failure"
+
+
+async def test_start_up_gives_up_after_the_timeout(tmp_path: Path, prepared: Prepared, records: Path) -> None:
+    options = _options(tmp_path, startup_timeout_s=1.0)
+    with pytest.raises(SandboxSetupError, match="not healthy after"):
+        async with start_sandbox(
+            options,
+            progress=SilentProgress(),
+            prepared=prepared,
+            inherited_env=_env(records, "never-healthy"),
+        ):
+            pytest.fail("the sandbox must not start")
+
+
+async def test_a_replica_dying_mid_run_fails_fast(tmp_path: Path, prepared: Prepared, records: Path) -> None:
+    async with start_sandbox(
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        victim = sandbox.replicas[1].process
+        assert victim is not None
+        asyncio.get_running_loop().call_later(0.3, os.kill, victim.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(ReplicaDiedError) as caught:
+            await sandbox.guard(asyncio.sleep(3600))
+        assert time.monotonic() - started < 5
+        assert f"replica-B (pid {victim.pid}" in str(caught.value)
+        assert "fake engine: serving" in str(caught.value)
+
+
+async def test_master_down_is_a_setup_error(tmp_path: Path, prepared: Prepared, records: Path) -> None:
+    async with start_sandbox(
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        assert sandbox.master is not None
+        os.kill(sandbox.master.pid, signal.SIGKILL)
+        await asyncio.sleep(0.3)
+        with pytest.raises(MasterDownError, match=r"Mooncake master at 127\.0\.0\.1:\d+ is not running"):
+            sandbox.check_alive()
+        with pytest.raises(SandboxSetupError, match="not running"):
+            await sandbox.restart_replica(0)
+
+
+async def test_restart_changes_only_what_was_asked(tmp_path: Path, prepared: Prepared, records: Path) -> None:
+    async with start_sandbox(
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        replica_b = sandbox.replicas[1]
+        old = replica_b.process
+        assert old is not None
+        await sandbox.restart_replica(1, speculative=False, engine=EngineMode.PATCHED)
+        assert group_members(old.pgid) == []
+        first, second = _recorded(records, replica_b.port)
+        assert "--speculative-config" in first["argv"]  # type: ignore[operator]
+        assert "--speculative-config" not in second["argv"]  # type: ignore[operator]
+        env = second["env"]
+        assert isinstance(env, Mapping)
+        assert env["PYTHONPATH"] == str(prepared.builds[EngineMode.PATCHED].pythonpath)
+        assert replica_b.url == sandbox.replica_urls[1]
+        (replica_a,) = _recorded(records, sandbox.replicas[0].port)  # replica A untouched
+        assert "--speculative-config" in replica_a["argv"]  # type: ignore[operator]
+
+
+async def test_cancellation_during_start_up_leaves_nothing_behind(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    async def run() -> None:
+        async with start_sandbox(
+            _options(tmp_path),
+            progress=SilentProgress(),
+            prepared=prepared,
+            inherited_env=_env(records, "never-healthy"),
+        ):
+            pytest.fail("the sandbox must not start")
+
+    task = asyncio.ensure_future(run())
+    await _until(lambda: len(list(records.glob("*.json"))) == 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    leftovers = [
+        pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if _mentions(pid, str(tmp_path))
+    ]
+    assert leftovers == []
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
+
+
+def _mentions(pid: int, text: str) -> bool:
+    try:
+        return text in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+def test_replica_env_keeps_production_values_over_everything() -> None:
+    build = EngineBuild(EngineMode.PATCHED, Path("/overlay"), Path("/overlay/vllm"), "patched", "")
+    launch = replica_launch(
+        sandbox_spec(speculative=True), master_address="127.0.0.1:1", store_config_path="/run/store.json"
+    )
+    inherited = {
+        "HOME": "/root",
+        "PYTHONHASHSEED": "random",
+        "MOONCAKE_CONFIG_PATH": "/etc/x",
+        "PYTHONHOME": "/p",
+    }
+
+    env = replica_env(inherited, launch, build)
+
+    assert env["HOME"] == "/root"
+    assert env["PYTHONHASHSEED"] == "0"
+    assert env["MOONCAKE_CONFIG_PATH"] == "/run/store.json"
+    assert env["PYTHONPATH"] == "/overlay"
+    assert "PYTHONHOME" not in env
+
+
+def test_no_speculative_spec_is_the_customer_spec_without_its_draft() -> None:
+    with_draft, without = sandbox_spec(speculative=True), sandbox_spec(speculative=False)
+    assert with_draft.speculative is not None and without.speculative is None
+    assert with_draft.model_copy(update={"speculative": None}) == without
+
+
+def test_replica_count_is_bounded() -> None:
+    with pytest.raises(ValueError, match="between 1 and 8"):
+        SandboxOptions(replicas=0)
