@@ -344,3 +344,28 @@ def test_build_script_stops_on_an_unknown_shape(tmp_path: Path, upstream_0_22_1:
     assert "refusing to patch" in result.stderr and "apply failed" in result.stderr
     assert snapshot(vllm / COORDINATOR_RELPATH) == before
     assert not state_file.exists()
+
+
+# --- verify's guards (the behavioural check itself needs vLLM: tests/engine) ------------------
+
+
+def test_verify_without_an_importable_coordinator_is_an_environment_error(tmp_path: Path) -> None:
+    vllm = make_vllm_dir(tmp_path, None)
+    result = run_patcher(PYTHON, "verify", "--vllm-dir", str(vllm))
+    assert result.returncode == 3
+    assert "cannot import vllm.distributed.kv_transfer" in result.stderr
+
+
+def test_verify_refuses_to_vouch_for_a_coordinator_imported_from_elsewhere(tmp_path: Path) -> None:
+    """A vllm whose import machinery resolves the coordinator from another tree must not pass."""
+    elsewhere = tmp_path / "elsewhere" / "vllm"
+    for package in [elsewhere, *[elsewhere / p for p in COORDINATOR_RELPATH.parents][:-1]]:
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+    (elsewhere / COORDINATOR_RELPATH).write_text("")
+    vllm = make_vllm_dir(tmp_path / "given", b"")
+    (vllm / "__init__.py").write_text(f"__path__.insert(0, {str(elsewhere)!r})\n")
+    result = run_patcher(PYTHON, "verify", "--vllm-dir", str(vllm))
+    assert result.returncode == 3
+    assert f"imported {elsewhere / COORDINATOR_RELPATH}" in result.stderr
+    assert "prove nothing" in result.stderr
