@@ -46,14 +46,25 @@ class HelmResult:
         return self
 
 
-def run_helm(args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120) -> HelmResult:
+def run_helm(
+    args: Sequence[str], *, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> HelmResult:
     """Runs helm with its caches and config in a throw-away place (never the user's ~/.config/helm)."""
     full_env = {**os.environ, **(env or {})}
     scratch = cache_root() / "helm-home"
-    for variable, sub in (("HELM_CACHE_HOME", "cache"), ("HELM_CONFIG_HOME", "config"), ("HELM_DATA_HOME", "data")):
+    for variable, sub in (
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_DATA_HOME", "data"),
+    ):
         full_env.setdefault(variable, str(scratch / sub))
     completed = subprocess.run(
-        [str(helm_binary()), *args], capture_output=True, text=True, env=full_env, timeout=timeout, check=False
+        [str(helm_binary()), *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        check=False,
     )
     return HelmResult(completed.returncode, completed.stdout, completed.stderr)
 
@@ -97,7 +108,9 @@ def render(
     """`helm template` of the chart with these values: every object, hooks (the test Pod) included."""
     path = values_file(values, tmp_path) if values else None
     extra = ["--include-crds"] if include_crds else []
-    result = run_helm(template_args(path, api_versions=api_versions, extra=extra, namespace=namespace)).check()
+    result = run_helm(
+        template_args(path, api_versions=api_versions, extra=extra, namespace=namespace)
+    ).check()
     return parse_manifests(result.stdout)
 
 

@@ -1,0 +1,50 @@
+{{/*
+The operator's permissions, least privilege: exactly the list in docs/operator.md ("RBAC"), which
+tests/unit/test_chart_rbac.py compares these rules with. Nothing deletes (the garbage collector removes
+children through their owner references), nothing reads Secrets (the HF token is a secretKeyRef the
+kubelet resolves), no kopf peering objects (the operator runs standalone).
+*/}}
+
+{{/* Framework rules: what kopf itself needs. Cluster-scoped, so always a ClusterRole. */}}
+{{- define "mooncake-operator.frameworkRules" -}}
+# kopf's resource scanning: it discovers the MooncakeServing CRD and notices it change.
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+# kopf's namespace observation (it falls back, with a warning, without it).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+
+{{/* Application rules: what the reconcile does. A ClusterRole for a cluster-wide watch, else a Role
+in each watched namespace. `create` next to `patch`: a server-side apply that creates an object is
+authorized as a create. */}}
+{{- define "mooncake-operator.applicationRules" -}}
+# The custom resource: kopf watches it and patches its finalizer and annotations; the reconcile reads
+# it fresh before acting.
+- apiGroups: ["serving.mooncake-operator.dev"]
+  resources: ["mooncakeservings"]
+  verbs: ["get", "list", "watch", "patch"]
+# Phase, conditions and canary evidence.
+- apiGroups: ["serving.mooncake-operator.dev"]
+  resources: ["mooncakeservings/status"]
+  verbs: ["patch"]
+# Children, applied server-side: the store config and NAME-last-good ConfigMaps, the master, headless
+# and client Services, the master Deployment and the replica StatefulSet.
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments", "statefulsets"]
+  verbs: ["get", "create", "patch"]
+# Replica and master pods: readiness, pod UIDs and restarts (canary triggers), and the traffic label
+# that takes a replica out of the client Service when the canary blames it.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "patch"]
+# An event on every phase transition.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

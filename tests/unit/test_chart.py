@@ -1,0 +1,518 @@
+"""The helm chart, offline: lint, rendering with default and non-default values, every object valid
+Kubernetes, the values schema refusing bad values, the CRD copy in step with the generated CRD, and
+the Deployment and helm test Pod agreeing with the CLI they run.
+
+helm comes from scripts/fetch-helm; without it these tests fail saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import filecmp
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from tests.support.chart import (
+    CHART_DIR,
+    RELEASE,
+    RELEASE_NAMESPACE,
+    REPO_ROOT,
+    SERVICE_MONITOR_API,
+    Manifest,
+    by_kind,
+    is_helm_test_hook,
+    only,
+    operator_container,
+    render,
+    render_failure,
+    run_helm,
+    values_file,
+)
+
+from mooncake_operator import render as children
+from mooncake_operator.api import parse_resource
+from mooncake_operator.cli import build_parser
+from mooncake_operator.commands.canary import build_config
+from mooncake_operator.examples import customer_deployment
+
+pytestmark = pytest.mark.unit
+
+# The oldest and newest schemas kubernetes-validate ships; Kubernetes 1.20 itself is the cluster tier's
+# API server (tests/cluster/test_chart.py dry-runs every object there).
+KUBERNETES_VERSIONS = ("1.25.0", "1.37.0")
+FULLNAME = f"{RELEASE}-mooncake-operator"
+
+# Every value the chart has, set to something other than its default.
+NON_DEFAULT_VALUES: dict[str, Any] = {
+    "image": {
+        "repository": "registry.internal/ops/mooncake-operator",
+        "tag": "0.1.0-rc1",
+        "pullPolicy": "Always",
+    },
+    "imagePullSecrets": [{"name": "regcred"}],
+    "fullnameOverride": "mco",
+    "watchNamespaces": ["serving-a", "serving-b"],
+    "serviceAccount": {"create": True, "name": "mco-operator", "annotations": {"team": "inference"}},
+    "operator": {
+        "livenessPort": 8181,
+        "extraArgs": ["--verbose"],
+        "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    },
+    "livenessProbe": {
+        "initialDelaySeconds": 5,
+        "periodSeconds": 10,
+        "timeoutSeconds": 2,
+        "failureThreshold": 5,
+    },
+    "metrics": {
+        "enabled": True,
+        "port": 9191,
+        "service": {"type": "ClusterIP", "port": 8443, "annotations": {"scrape": "yes"}},
+        "serviceMonitor": {
+            "enabled": True,
+            "interval": "15s",
+            "scrapeTimeout": "5s",
+            "labels": {"release": "prom"},
+        },
+    },
+    "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+    "podAnnotations": {"example.com/owner": "inference"},
+    "podLabels": {"team": "inference"},
+    "priorityClassName": "system-cluster-critical",
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}
+                        ]
+                    }
+                ]
+            }
+        }
+    },
+    "test": {
+        "servingName": "minimax-m25",
+        "servingNamespace": "serving-a",
+        "replicas": 3,
+        "port": 8080,
+        "model": "MiniMaxAI/MiniMax-M2.5",
+        "blockSize": 16,
+        "eagle": True,
+        "requestTimeoutSeconds": 600,
+        "extraArgs": ["--pairs", "first"],
+    },
+}
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "non-default": NON_DEFAULT_VALUES,
+    "metrics-off-no-rbac": {
+        "metrics": {"enabled": False},
+        "rbac": {"create": False},
+        "serviceAccount": {"create": False, "name": "existing"},
+    },
+}
+
+
+def api_versions_for(values: dict[str, Any]) -> tuple[str, ...]:
+    wants_monitor = values.get("metrics", {}).get("serviceMonitor", {}).get("enabled", False)
+    return (SERVICE_MONITOR_API,) if wants_monitor else ()
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Manifest]]:
+    """Each value set rendered once for the module (helm takes a fraction of a second per run)."""
+    out = {}
+    for name, values in VALUE_SETS.items():
+        out[name] = render(values, tmp_path_factory.mktemp(name), api_versions=api_versions_for(values))
+    return out
+
+
+def deployment_args(manifests: list[Manifest]) -> list[str]:
+    args: list[str] = operator_container(manifests)["args"]
+    return args
+
+
+# --- lint and rendering ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_helm_lint_is_clean(value_set: str, tmp_path: Path) -> None:
+    values = copy.deepcopy(VALUE_SETS[value_set])
+    if api_versions_for(values):
+        # `helm lint` cannot be told the cluster has the monitoring API; the ServiceMonitor is checked below.
+        values["metrics"]["serviceMonitor"]["enabled"] = False
+    args = ["lint", "--strict", str(CHART_DIR)]
+    if values:
+        args += ["--values", str(values_file(values, tmp_path))]
+    result = run_helm(args).check()
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_default_render_is_the_operator_and_nothing_optional(rendered: dict[str, list[Manifest]]) -> None:
+    kinds = sorted(m["kind"] for m in rendered["defaults"])
+    assert kinds == sorted(
+        [
+            "ServiceAccount",
+            "Service",
+            "Deployment",
+            "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ClusterRoleBinding",
+        ]
+    )
+    assert not [m for m in rendered["defaults"] if is_helm_test_hook(m)], (
+        "no test Pod without test.servingName"
+    )
+    for manifest in rendered["defaults"]:
+        if manifest["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert manifest["metadata"]["namespace"] == RELEASE_NAMESPACE, manifest["metadata"]
+
+
+def test_crds_ship_with_the_chart(tmp_path: Path) -> None:
+    crds = by_kind(render({}, tmp_path, include_crds=True), "CustomResourceDefinition")
+    assert [crd["metadata"]["name"] for crd in crds] == ["mooncakeservings.serving.mooncake-operator.dev"]
+
+
+def validatable(manifests: list[Manifest]) -> list[tuple[str, Manifest]]:
+    """Objects of built-in kinds (the ServiceMonitor is a CRD kind kubernetes-validate has no schema for)."""
+    return [(f"{m['kind']}/{m['metadata']['name']}", m) for m in manifests if m["kind"] != "ServiceMonitor"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_rendered_object_is_valid_kubernetes(
+    rendered: dict[str, list[Manifest]], value_set: str, version: str
+) -> None:
+    objects = validatable(rendered[value_set])
+    assert objects
+    for label, manifest in objects:
+        try:
+            kubernetes_validate.validate(manifest, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            raise AssertionError(f"{value_set}: {label} is not valid Kubernetes {version}: {error}") from None
+
+
+def test_offline_validation_catches_a_misspelt_field(rendered: dict[str, list[Manifest]]) -> None:
+    deployment = only(rendered["defaults"], "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+# --- the operator Deployment -------------------------------------------------------------------------
+
+
+def test_one_operator_replaced_not_rolled(rendered: dict[str, list[Manifest]]) -> None:
+    spec = only(rendered["defaults"], "Deployment")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.parametrize("value_set", ["defaults", "non-default"])
+def test_liveness_probe_calls_the_operators_healthz(
+    rendered: dict[str, list[Manifest]], value_set: str
+) -> None:
+    container = operator_container(rendered[value_set])
+    probe = container["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz"
+    port = next(p for p in container["ports"] if p["name"] == probe["port"])
+    expected = VALUE_SETS[value_set].get("operator", {}).get("livenessPort", 8080)
+    assert port["containerPort"] == expected
+    assert f"--liveness-port={expected}" in container["args"]
+
+
+def test_runs_non_root_read_only_without_privileges(rendered: dict[str, list[Manifest]]) -> None:
+    pod = only(rendered["defaults"], "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+    assert next(v for v in pod["volumes"] if v["name"] == tmp["name"])["emptyDir"]["medium"] == "Memory"
+
+
+def test_resource_requests_are_set(rendered: dict[str, list[Manifest]]) -> None:
+    resources = operator_container(rendered["defaults"])["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert "memory" in resources["limits"]
+
+
+def test_operator_arguments_are_accepted_by_the_cli(rendered: dict[str, list[Manifest]]) -> None:
+    """The chart passes the flags of the operator contract; the real parser must accept every one."""
+    for value_set in ("defaults", "non-default"):
+        args = [a for a in deployment_args(rendered[value_set]) if a != "--verbose"]
+        parsed = build_parser().parse_args(args)
+        assert parsed.command == "run"
+
+
+def test_namespace_watch_list_becomes_namespace_flags(rendered: dict[str, list[Manifest]]) -> None:
+    assert not [a for a in deployment_args(rendered["defaults"]) if a.startswith("--namespace")]
+    assert [a for a in deployment_args(rendered["non-default"]) if a.startswith("--namespace")] == [
+        "--namespace=serving-a",
+        "--namespace=serving-b",
+    ]
+
+
+def test_non_default_values_reach_the_deployment(rendered: dict[str, list[Manifest]]) -> None:
+    manifests = rendered["non-default"]
+    deployment = only(manifests, "Deployment")
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert deployment["metadata"]["name"] == "mco"
+    assert container["image"] == "registry.internal/ops/mooncake-operator:0.1.0-rc1"
+    assert container["imagePullPolicy"] == "Always"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["spec"]["serviceAccountName"] == "mco-operator"
+    assert only(manifests, "ServiceAccount")["metadata"]["name"] == "mco-operator"
+    assert container["args"][-1] == "--verbose"
+    assert {"name": "TZ", "value": "UTC"} in container["env"]
+    assert "--metrics-port=9191" in container["args"]
+    assert pod["metadata"]["labels"]["team"] == "inference"
+    assert pod["metadata"]["annotations"] == {"example.com/owner": "inference"}
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["spec"]["tolerations"][0]["key"] == "dedicated"
+    assert "nodeAffinity" in pod["spec"]["affinity"]
+    assert container["livenessProbe"]["failureThreshold"] == 5
+
+
+def test_default_image_tag_is_the_app_version(rendered: dict[str, list[Manifest]]) -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert operator_container(rendered["defaults"])["image"].endswith(f"/operator:{chart['appVersion']}")
+
+
+def test_chart_and_package_versions_agree() -> None:
+    from mooncake_operator import __version__
+
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__, "bump Chart.yaml appVersion with the package version"
+
+
+# --- metrics -----------------------------------------------------------------------------------------
+
+
+def test_metrics_service_selects_the_operator_pod_only(rendered: dict[str, list[Manifest]]) -> None:
+    manifests = rendered["non-default"]
+    service = only(manifests, "Service")
+    pod_labels = only(manifests, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    selector = service["spec"]["selector"]
+    assert selector.items() <= pod_labels.items()
+    test_pod = next(m for m in manifests if is_helm_test_hook(m))
+    assert not selector.items() <= test_pod["metadata"]["labels"].items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    metrics_port = next(p for p in operator_container(manifests)["ports"] if p["name"] == "metrics")
+    assert metrics_port["containerPort"] == 9191
+    assert service["spec"]["ports"][0]["port"] == 8443
+
+
+def test_metrics_disabled_means_port_zero_and_no_service(rendered: dict[str, list[Manifest]]) -> None:
+    manifests = rendered["metrics-off-no-rbac"]
+    assert "--metrics-port=0" in deployment_args(manifests)
+    assert not by_kind(manifests, "Service")
+    assert [p["name"] for p in operator_container(manifests)["ports"]] == ["liveness"]
+
+
+def test_service_monitor_is_off_by_default_and_scrapes_the_metrics_service(
+    rendered: dict[str, list[Manifest]], tmp_path: Path
+) -> None:
+    assert not by_kind(render({}, tmp_path, api_versions=(SERVICE_MONITOR_API,)), "ServiceMonitor")
+    manifests = rendered["non-default"]
+    monitor = only(manifests, "ServiceMonitor")
+    service = only(manifests, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"}
+    ]
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+
+
+# --- values that must be refused ---------------------------------------------------------------------
+
+REFUSED: list[tuple[str, dict[str, Any], str]] = [
+    ("unknown top-level value", {"replicaCount": 2}, "Additional property replicaCount is not allowed"),
+    ("misspelt nested value", {"metrics": {"enable": True}}, "Additional property enable is not allowed"),
+    ("pull policy", {"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    ("empty repository", {"image": {"repository": ""}}, "image.repository"),
+    ("port out of range", {"metrics": {"port": 70000}}, "metrics.port"),
+    ("port as text", {"operator": {"livenessPort": "8080"}}, "operator.livenessPort"),
+    ("namespace not a DNS label", {"watchNamespaces": ["Serving_A"]}, "watchNamespaces"),
+    ("namespace twice", {"watchNamespaces": ["a", "a"]}, "watchNamespaces"),
+    ("canary needs two replicas", {"test": {"servingName": "x", "replicas": 1}}, "test.replicas"),
+    ("serving name not a DNS label", {"test": {"servingName": "My.Serving"}}, "test.servingName"),
+    ("block size zero", {"test": {"servingName": "x", "blockSize": 0}}, "test.blockSize"),
+    ("bad quantity", {"resources": {"requests": {"memory": "lots"}}}, "resources.requests.memory"),
+    ("bad scrape interval", {"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
+    ("empty extra argument", {"operator": {"extraArgs": [""]}}, "operator.extraArgs"),
+    # Checks the templates make (a schema cannot see the cluster or relate two values this way).
+    (
+        "eagle without block size",
+        {"test": {"servingName": "x", "eagle": True}},
+        "test.eagle only changes the expected external hit, which needs test.blockSize",
+    ),
+    (
+        "service monitor without the monitoring API",
+        {"metrics": {"serviceMonitor": {"enabled": True}}},
+        "the cluster has no monitoring.coreos.com/v1 ServiceMonitor",
+    ),
+    (
+        "service monitor without metrics",
+        {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
+        "metrics.serviceMonitor.enabled needs metrics.enabled",
+    ),
+    (
+        "no ServiceAccount to run as",
+        {"serviceAccount": {"create": False}},
+        "serviceAccount.name is required when serviceAccount.create is false",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "message"), [(v, m) for _, v, m in REFUSED], ids=[i for i, _, _ in REFUSED]
+)
+def test_bad_values_are_refused_with_a_clear_message(
+    values: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    assert message in render_failure(values, tmp_path)
+
+
+def test_the_monitoring_api_check_is_what_refuses_the_service_monitor(tmp_path: Path) -> None:
+    values = {"metrics": {"serviceMonitor": {"enabled": True}}}
+    assert only(render(values, tmp_path, api_versions=(SERVICE_MONITOR_API,)), "ServiceMonitor")
+
+
+def test_values_file_and_schema_document_the_same_keys() -> None:
+    """Every value in values.yaml is in the schema and vice versa (top two levels)."""
+    import json
+
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert set(schema["properties"]) - {"global"} == set(values)
+    for key, value in values.items():
+        if isinstance(value, dict) and "properties" in schema["properties"][key]:
+            assert set(schema["properties"][key]["properties"]) == set(value), key
+
+
+# --- helm test: the canary against a named MooncakeServing -------------------------------------------
+
+
+def canary_pod(manifests: list[Manifest]) -> Manifest:
+    pods = [m for m in manifests if is_helm_test_hook(m)]
+    assert len(pods) == 1, pods
+    return pods[0]
+
+
+def replica_args(pod: Manifest) -> list[str]:
+    return [
+        a.removeprefix("--replica=")
+        for a in pod["spec"]["containers"][0]["args"]
+        if a.startswith("--replica=")
+    ]
+
+
+def serving_variant(name: str, namespace: str, replicas: int, port: int) -> Any:
+    obj = customer_deployment().to_wire()
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    obj["spec"]["replicas"] = replicas
+    obj["spec"]["engine"]["port"] = port
+    return parse_resource(obj)
+
+
+@pytest.mark.parametrize(
+    ("name", "namespace", "replicas", "port"),
+    [("minimax-m25", "default", 2, 8000), ("chat", "serving-b", 4, 8080)],
+)
+def test_helm_test_addresses_the_replicas_the_operator_renders(
+    name: str, namespace: str, replicas: int, port: int, tmp_path: Path
+) -> None:
+    values = {
+        "test": {"servingName": name, "servingNamespace": namespace, "replicas": replicas, "port": port}
+    }
+    pod = canary_pod(render(values, tmp_path))
+    assert replica_args(pod) == children.replica_urls(serving_variant(name, namespace, replicas, port))
+
+
+def test_helm_test_defaults_to_the_release_namespace(tmp_path: Path) -> None:
+    pod = canary_pod(render({"test": {"servingName": "chat"}}, tmp_path))
+    assert replica_args(pod) == [
+        f"http://chat-replica-{i}.chat-replicas.{RELEASE_NAMESPACE}.svc:8000" for i in range(2)
+    ]
+
+
+def test_helm_test_pod_is_a_test_hook_that_runs_the_canary_cli(rendered: dict[str, list[Manifest]]) -> None:
+    pod = canary_pod(rendered["non-default"])
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["helm.sh/hook"] == "test"
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["automountServiceAccountToken"] is False, "the canary needs no API access"
+    container = spec["containers"][0]
+    assert container["image"] == operator_container(rendered["non-default"])["image"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["metadata"]["name"] == "mco-canary-minimax-m25"
+
+
+def test_helm_test_arguments_are_a_valid_canary_run(rendered: dict[str, list[Manifest]]) -> None:
+    """The real canary parser accepts the Pod's arguments and builds the run they describe."""
+    args = canary_pod(rendered["non-default"])["spec"]["containers"][0]["args"]
+    parsed: argparse.Namespace = build_parser().parse_args(args)
+    config = build_config(parsed)
+    assert parsed.json is True
+    assert [str(url).rstrip("/") for url in config.replicas] == [
+        f"http://minimax-m25-replica-{i}.minimax-m25-replicas.serving-a.svc:8080" for i in range(3)
+    ]
+    assert config.block_size == 16
+    assert config.eagle is True
+    assert config.request["model"] == "MiniMaxAI/MiniMax-M2.5"
+    assert config.request_timeout_s == 600
+    assert config.pairs == "first"
+
+
+def test_helm_test_without_block_size_accepts_any_external_hit(tmp_path: Path) -> None:
+    args = canary_pod(render({"test": {"servingName": "chat"}}, tmp_path))["spec"]["containers"][0]["args"]
+    config = build_config(build_parser().parse_args(args))
+    assert config.block_size is None
+    assert config.expected_external_hit_tokens is None
+
+
+# --- CRDs --------------------------------------------------------------------------------------------
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    root, chart = REPO_ROOT / "crds", CHART_DIR / "crds"
+    root_files = sorted(p.name for p in root.glob("*.yaml"))
+    chart_files = sorted(p.name for p in chart.glob("*.yaml"))
+    assert root_files, f"no CRDs in {root}: run mooncake-operator crd -o ."
+    stale = [
+        name
+        for name in root_files
+        if name not in chart_files or not filecmp.cmp(root / name, chart / name, shallow=False)
+    ]
+    extra = sorted(set(chart_files) - set(root_files))
+    assert not stale and not extra, (
+        f"the chart's CRDs differ from crds/ (stale: {stale}, extra: {extra}): run scripts/sync-chart-crds"
+    )
+
+
+def test_operator_image_user_is_the_charts_run_as_user() -> None:
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    dockerfile = (REPO_ROOT / "images" / "operator" / "Dockerfile").read_text()
+    user_line = next(line for line in dockerfile.splitlines() if line.startswith("USER "))
+    uid, gid = user_line.split()[1].split(":")
+    assert int(uid) == values["podSecurityContext"]["runAsUser"]
+    assert int(gid) == values["podSecurityContext"]["runAsGroup"]
