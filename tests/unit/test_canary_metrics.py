@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from tests.support.fake_vllm import FakeReplica, FakeStore, block_hashes
 
@@ -11,7 +12,9 @@ from mooncake_operator.canary import (
     parse_samples,
     store_counters,
 )
-from mooncake_operator.canary.metrics import MetricsFormatError
+from mooncake_operator.canary.client import CounterScrapeError, parse_metrics_response
+from mooncake_operator.canary.metrics import EXTERNAL_HITS, MetricsFormatError
+from mooncake_operator.canary.models import ErrorKind
 
 pytestmark = pytest.mark.unit
 
@@ -120,3 +123,28 @@ def test_formula_agrees_with_the_fake_replicas_stepwise_lookup(eagle: bool, bloc
         assert looked_up == expected_external_hit_tokens(prompt_tokens, block_size, eagle=eagle), (
             prompt_tokens
         )
+
+
+def test_only_the_named_metrics_are_parsed() -> None:
+    text = VLLM_METRICS + "some garbage line that is not a sample\n"
+    samples = parse_samples(text, only={EXTERNAL_HITS})
+    assert {sample.name for sample in samples} == {EXTERNAL_HITS}
+    assert sum(sample.value for sample in samples) == 160
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (404, '{"detail":"Not Found"}', "/metrics returned HTTP 404: Not Found (no metrics endpoint"),
+        (200, "<html>hello</html>", "has no vllm:* metrics: not a vLLM server's metrics page"),
+        (200, "vllm:num_requests_running 0\n", f"has no {EXTERNAL_HITS}: the warm path cannot be proven"),
+        (200, f"{EXTERNAL_HITS}{{engine=0}} 1\n", "is not Prometheus text: line 1 has malformed labels"),
+    ],
+)
+def test_metrics_pages_that_cannot_prove_anything_say_why(status: int, body: str, message: str) -> None:
+    url = "http://127.0.0.1:9/metrics"
+    with pytest.raises(CounterScrapeError) as raised:
+        parse_metrics_response(url, httpx.Response(status, text=body), latency_s=0.01)
+    assert message in raised.value.message
+    assert raised.value.kind is (ErrorKind.HTTP_STATUS if status != 200 else ErrorKind.MALFORMED)
+    assert raised.value.latency_s == 0.01

@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 
 from mooncake_operator.canary.metrics import (
+    COUNTER_NAMES,
     EXTERNAL_HITS,
     MetricsFormatError,
-    has_vllm_samples,
+    has_vllm_metrics,
     parse_samples,
     store_counters,
 )
@@ -169,18 +170,19 @@ def parse_metrics_response(url: str, response: httpx.Response, *, latency_s: flo
         raise CounterScrapeError(
             ErrorKind.HTTP_STATUS, _status_message("GET", url, response) + hint, latency_s=latency_s
         )
-    try:
-        samples = parse_samples(response.text)
-    except MetricsFormatError as error:
-        raise CounterScrapeError(
-            ErrorKind.MALFORMED, f"GET {url} is not Prometheus text: {error}", latency_s=latency_s
-        ) from None
-    if not has_vllm_samples(samples):
+    text = response.text
+    if not has_vllm_metrics(text):
         raise CounterScrapeError(
             ErrorKind.MALFORMED,
             f"GET {url} has no vllm:* metrics: not a vLLM server's metrics page",
             latency_s=latency_s,
         )
+    try:
+        samples = parse_samples(text, only=COUNTER_NAMES)
+    except MetricsFormatError as error:
+        raise CounterScrapeError(
+            ErrorKind.MALFORMED, f"GET {url} is not Prometheus text: {error}", latency_s=latency_s
+        ) from None
     counters = store_counters(samples, latency_s=latency_s)
     if counters.external_hit_tokens is None:
         raise CounterScrapeError(
@@ -249,7 +251,8 @@ def _status_message(method: str, url: str, response: httpx.Response) -> str:
 
 
 def _error_detail(response: httpx.Response) -> str:
-    """vLLM's {"error": {"message": ...}} (or the older flat {"message": ...}); else a text excerpt."""
+    """vLLM's {"error": {"message": ...}}, the older flat {"message": ...}, FastAPI's {"detail": ...};
+    else a text excerpt."""
     try:
         payload = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -258,8 +261,9 @@ def _error_detail(response: httpx.Response) -> str:
         error = payload.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
             return str(error["message"])
-        if isinstance(payload.get("message"), str):
-            return str(payload["message"])
+        for key in ("message", "detail"):
+            if isinstance(payload.get(key), str):
+                return str(payload[key])
     return " ".join(response.text[:200].split())
 
 

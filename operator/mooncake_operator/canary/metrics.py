@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from mooncake_operator.canary.models import StoreCounters
@@ -42,12 +43,31 @@ class Sample:
     value: float
 
 
-def parse_samples(text: str) -> list[Sample]:
-    """Every sample of a Prometheus text exposition (comments and blank lines skipped)."""
+COUNTER_NAMES = frozenset(
+    {
+        EXTERNAL_HITS,
+        EXTERNAL_QUERIES,
+        LOCAL_HITS,
+        PROMPT_TOKENS_BY_SOURCE,
+        STORE_OPERATION_KEYS,
+        STORE_FAILED_KEYS,
+    }
+)
+_VLLM_SAMPLE_LINE = re.compile(r"^\s*vllm:", re.MULTILINE)
+
+
+def parse_samples(text: str, *, only: Collection[str] | None = None) -> list[Sample]:
+    """The samples of a Prometheus text exposition (comments and blank lines skipped).
+
+    With `only`, lines of other metrics are skipped before parsing: a vLLM page has hundreds of
+    histogram buckets the canary does not read.
+    """
     samples = []
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
+            continue
+        if only is not None and _metric_name(stripped) not in only:
             continue
         match = _SAMPLE.match(stripped)
         if match is None:
@@ -73,8 +93,8 @@ def store_counters(samples: list[Sample], *, latency_s: float = 0.0) -> StoreCou
     )
 
 
-def has_vllm_samples(samples: list[Sample]) -> bool:
-    return any(sample.name.startswith("vllm:") for sample in samples)
+def has_vllm_metrics(text: str) -> bool:
+    return _VLLM_SAMPLE_LINE.search(text) is not None
 
 
 def expected_external_hit_tokens(prompt_tokens: int, block_size: int, *, eagle: bool) -> int:
@@ -96,6 +116,15 @@ def expected_external_hit_tokens(prompt_tokens: int, block_size: int, *, eagle: 
     if hit_blocks * block_size >= prompt_tokens:
         hit_blocks = (prompt_tokens - 1) // block_size
     return max(hit_blocks, 0) * block_size
+
+
+def _metric_name(line: str) -> str:
+    end = len(line)
+    for separator in ("{", " ", "\t"):
+        position = line.find(separator)
+        if position != -1:
+            end = min(end, position)
+    return line[:end]
 
 
 def _parse_labels(text: str, line_number: int) -> dict[str, str]:
