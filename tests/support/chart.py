@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from tests.support.apiserver import cache_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

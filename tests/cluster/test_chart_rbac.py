@@ -1,0 +1,281 @@
+"""The operator, run exactly as the chart runs it and with nothing but the chart's ServiceAccount token,
+does its job on a real API server with RBAC on, and is refused what it does not need.
+
+For each RBAC layout (a cluster-wide watch: ClusterRoles; a namespaced watch: a Role per namespace):
+`helm install` the chart, mint a token for its ServiceAccount (TokenRequest), start
+`mooncake-operator` with the Deployment's own arguments (ports moved to free loopback ones, a
+kubeconfig holding that token), create a MooncakeServing as an admin, and wait until the operator has
+added its finalizer, applied every child, written status and posted an event. Then the same token is
+tried on what the operator must not do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.support.apiserver import ControlPlane, free_port
+from tests.support.chart import CHART_DIR, Manifest, only, parse_manifests, run_helm
+
+from mooncake_operator import api, render
+from mooncake_operator.examples import customer_deployment
+from mooncake_operator.kube import KubeClient
+
+MANAGER = "mooncake-chart-rbac-test"
+SERVING = "minimax-m25"
+FINALIZER = f"{api.GROUP}/finalizer"
+OPERATOR_START_TIMEOUT_S = 60.0
+RECONCILE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Installed:
+    release: str
+    namespace: str  # the release's (the operator's) namespace
+    serving_namespace: str  # where the MooncakeServing lives
+    other_namespace: str  # watched only in the cluster-wide layout
+    manifests: list[Manifest]
+
+    @property
+    def service_account(self) -> str:
+        name: str = only(self.manifests, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+        return name
+
+    @property
+    def operator_args(self) -> list[str]:
+        args: list[str] = only(self.manifests, "Deployment")["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+        return args
+
+
+async def make_namespace(kube: KubeClient) -> str:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    await kube.apply(
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, field_manager=MANAGER
+    )
+    return name
+
+
+@pytest.fixture(params=["cluster-wide", "namespaced"])
+async def installed(
+    request: pytest.FixtureRequest, kube_cluster: ControlPlane, kube: KubeClient, namespace: str
+) -> AsyncIterator[Installed]:
+    serving_namespace = await make_namespace(kube)
+    other_namespace = await make_namespace(kube)
+    release = f"r{uuid.uuid4().hex[:8]}"
+    args = ["install", release, str(CHART_DIR), "--namespace", namespace]
+    if request.param == "namespaced":
+        args += ["--set", f"watchNamespaces={{{serving_namespace}}}"]
+    env = {"KUBECONFIG": str(kube_cluster.kubeconfig)}
+    run_helm(args, env=env).check()
+    try:
+        manifest = run_helm(["get", "manifest", release, "--namespace", namespace], env=env).check()
+        yield Installed(
+            release, namespace, serving_namespace, other_namespace, parse_manifests(manifest.stdout)
+        )
+    finally:
+        run_helm(["uninstall", release, "--namespace", namespace], env=env).check()
+        for name in (serving_namespace, other_namespace):
+            await kube.delete("v1", "Namespace", name)
+
+
+def local_operator_argv(chart_args: list[str], kubeconfig: Path, liveness_port: int) -> list[str]:
+    """The Deployment's arguments, with what only makes sense in a pod moved to this machine: probes on
+    free loopback ports, credentials from a kubeconfig (the pod would use its mounted token)."""
+    argv: list[str] = []
+    for arg in chart_args:
+        if arg.startswith("--liveness-port="):
+            argv += [f"--liveness-port={liveness_port}", "--liveness-host=127.0.0.1"]
+        elif arg.startswith("--metrics-port="):
+            argv += [f"--metrics-port={free_port()}", "--metrics-host=127.0.0.1"]
+        else:
+            argv.append(arg)
+    assert argv[0] == "run", chart_args
+    return [sys.executable, "-m", "mooncake_operator", *argv, f"--kubeconfig={kubeconfig}"]
+
+
+@contextlib.contextmanager
+def running_operator(
+    argv: list[str], log_path: Path, liveness_port: int
+) -> Iterator[subprocess.Popen[bytes]]:
+    # Only the token in the kubeconfig: no admin kubeconfig, no in-cluster variables to fall back on.
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("KUBERNETES_")}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        wait_for_liveness(process, liveness_port, log_path)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=15)
+
+
+def operator_log(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def wait_for_liveness(process: subprocess.Popen[bytes], port: int, log_path: Path) -> None:
+    deadline = time.monotonic() + OPERATOR_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the operator exited with {process.returncode}:\n{operator_log(log_path)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).is_success:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"no /healthz within {OPERATOR_START_TIMEOUT_S}s:\n{operator_log(log_path)}")
+
+
+def serving_in(namespace: str) -> dict[str, Any]:
+    obj = customer_deployment().to_wire()
+    obj["metadata"] = {"name": SERVING, "namespace": namespace}
+    return obj
+
+
+def expected_children(namespace: str) -> list[tuple[str, str, str]]:
+    resource = api.parse_resource(serving_in(namespace))
+    return [
+        (m["apiVersion"], m["kind"], m["metadata"]["name"])
+        for m in render.render_all(resource, owner_uid=None)
+    ]
+
+
+async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
+    """What is still missing of the operator's work on the MooncakeServing (empty: all done)."""
+    missing = []
+    serving = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
+    if FINALIZER not in (serving["metadata"].get("finalizers") or []):
+        missing.append("finalizer")
+    status = serving.get("status") or {}
+    if not status.get("phase") or not status.get("conditions"):
+        missing.append("status")
+    for api_version, kind, name in expected_children(namespace):
+        child = await kube.get_or_none(api_version, kind, name, namespace)
+        if child is None:
+            missing.append(f"{kind}/{name}")
+        elif child["metadata"]["ownerReferences"][0]["uid"] != serving["metadata"]["uid"]:
+            missing.append(f"owner reference of {kind}/{name}")
+    events = await kube.list("v1", "Event", namespace, field_selector=f"involvedObject.name={SERVING}")
+    if not [e for e in events if (e.get("source") or {}).get("component") == "mooncake-operator"]:
+        missing.append("event")
+    return missing
+
+
+async def wait_until_reconciled(kube: KubeClient, namespace: str, log_path: Path) -> None:
+    deadline = time.monotonic() + RECONCILE_TIMEOUT_S
+    missing = await reconciled(kube, namespace)
+    while missing and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+        missing = await reconciled(kube, namespace)
+    assert not missing, (
+        f"after {RECONCILE_TIMEOUT_S}s still missing {missing}; operator log:\n{operator_log(log_path)}"
+    )
+
+
+async def wait_until_deleted(kube: KubeClient, namespace: str, log_path: Path) -> None:
+    deadline = time.monotonic() + RECONCILE_TIMEOUT_S
+    while await kube.get_or_none(api.API_VERSION, api.KIND, SERVING, namespace) is not None:
+        assert time.monotonic() < deadline, f"finalizer not removed; operator log:\n{operator_log(log_path)}"
+        await asyncio.sleep(0.5)
+
+
+def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, Any] | None]]:
+    """(method, path, body) the operator has no business making; each must get 403."""
+    ns = installed.serving_namespace
+    names = render.ChildNames.of(SERVING)
+    requests: list[tuple[str, str, dict[str, Any] | None]] = [
+        ("DELETE", f"/api/v1/namespaces/{ns}", None),
+        ("GET", f"/api/v1/namespaces/{ns}/secrets", None),
+        ("GET", f"/api/v1/namespaces/{ns}/secrets/hf-token", None),
+        ("GET", "/api/v1/nodes", None),
+        ("GET", f"/api/v1/namespaces/{installed.namespace}/secrets", None),
+        ("DELETE", f"/apis/apps/v1/namespaces/{ns}/statefulsets/{names.replicas}", None),
+        ("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/{names.master}", None),
+        ("DELETE", f"/api/v1/namespaces/{ns}/pods", None),
+        ("DELETE", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{ns}/{api.PLURAL}/{SERVING}", None),
+        ("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{api.PLURAL}.{api.GROUP}", None),
+        ("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", None),
+        (
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"{installed.release}-escalate"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "cluster-admin",
+                },
+                "subjects": [
+                    {
+                        "kind": "ServiceAccount",
+                        "name": installed.service_account,
+                        "namespace": installed.namespace,
+                    }
+                ],
+            },
+        ),
+        ("POST", f"/api/v1/namespaces/{ns}/pods/{names.replicas}-0/exec?command=true", None),
+        ("GET", f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings", None),
+    ]
+    if "--namespace" in " ".join(installed.operator_args):
+        # A namespaced watch: nothing of the application's reaches beyond the watched namespace.
+        other = installed.other_namespace
+        requests += [
+            ("GET", f"/apis/{api.GROUP}/{api.VERSION}/{api.PLURAL}", None),
+            ("GET", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{other}/{api.PLURAL}", None),
+            ("GET", f"/api/v1/namespaces/{other}/pods", None),
+            (
+                "POST",
+                f"/api/v1/namespaces/{other}/configmaps",
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": other}},
+            ),
+        ]
+    return requests
+
+
+async def test_operator_under_the_charts_service_account_does_its_job_and_nothing_more(
+    kube_cluster: ControlPlane, kube: KubeClient, installed: Installed, tmp_path: Path
+) -> None:
+    token = kube_cluster.service_account_token(installed.namespace, installed.service_account)
+    kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "operator.kubeconfig", token, "operator")
+    liveness_port = free_port()
+    log_path = tmp_path / "operator.log"
+    argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port)
+
+    with running_operator(argv, log_path, liveness_port):
+        await kube.create(serving_in(installed.serving_namespace))
+        await wait_until_reconciled(kube, installed.serving_namespace, log_path)
+        # Deleting needs the operator too: it removes its finalizer (children go with the garbage collector).
+        await kube.delete(api.API_VERSION, api.KIND, SERVING, installed.serving_namespace)
+        await wait_until_deleted(kube, installed.serving_namespace, log_path)
+    log = operator_log(log_path)
+    assert not re.search(r"\b403\b|forbidden", log, flags=re.IGNORECASE), f"refused at work:\n{log}"
+
+    with kube_cluster.client(token=token) as as_operator:
+        refused = []
+        for method, path, body in forbidden_requests(installed):
+            response = as_operator.request(method, path, json=body)
+            if response.status_code != 403:
+                refused.append(f"{method} {path}: HTTP {response.status_code}")
+    assert not refused, f"the chart's ServiceAccount may do more than it needs: {refused}"
