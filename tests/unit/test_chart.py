@@ -506,12 +506,3 @@ def test_chart_crds_are_the_generated_crds() -> None:
     assert not stale and not extra, (
         f"the chart's CRDs differ from crds/ (stale: {stale}, extra: {extra}): run scripts/sync-chart-crds"
     )
-
-
-def test_operator_image_user_is_the_charts_run_as_user() -> None:
-    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    dockerfile = (REPO_ROOT / "images" / "operator" / "Dockerfile").read_text()
-    user_line = next(line for line in dockerfile.splitlines() if line.startswith("USER "))
-    uid, gid = user_line.split()[1].split(":")
-    assert int(uid) == values["podSecurityContext"]["runAsUser"]
-    assert int(gid) == values["podSecurityContext"]["runAsGroup"]
