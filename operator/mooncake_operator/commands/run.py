@@ -1,15 +1,101 @@
-"""`mooncake-operator run` (being built; see the issue that owns it)."""
+"""`mooncake-operator run`: the kopf operator that reconciles MooncakeServing resources."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
+
+import kopf
+
+from mooncake_operator.handlers import build_registry
+from mooncake_operator.kube import KubeConfigError
+from mooncake_operator.operator_settings import OperatorSettings, SettingsError, load_replica_endpoints
+
+DESCRIPTION = """\
+Reconcile MooncakeServing resources: apply the store master, the store config, the vLLM replicas and their
+Services with server-side apply; wait until the master and every replica are ready; prove with the warm/cold
+canary that answers computed from prefixes loaded from the store equal cold ones; report it all in status.
+See docs/operator.md for the RBAC it needs, its status, metrics and the Hold/Rollback semantics.
+"""
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("run", help="(not available yet)")
-    parser.set_defaults(func=_run)
+    parser = subparsers.add_parser(
+        "run",
+        help="run the operator (kopf)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument(
+        "--kubeconfig", type=Path, metavar="FILE", help="default: in-cluster, else $KUBECONFIG"
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    parser.add_argument("--liveness-host", default="0.0.0.0", metavar="HOST")
+    parser.add_argument(
+        "--liveness-port", type=int, default=8080, metavar="PORT", help="/healthz port (0 disables)"
+    )
+    parser.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST")
+    parser.add_argument(
+        "--metrics-port", type=int, default=9090, metavar="PORT", help="/metrics port (0 disables)"
+    )
+    parser.add_argument(
+        "--replica-endpoints",
+        type=Path,
+        metavar="FILE",
+        help='YAML map "<namespace>/<name>": [url, ...] overriding the per-replica DNS URLs',
+    )
+    parser.add_argument("--resync-seconds", type=float, default=30.0, metavar="S")
+    parser.add_argument("--retry-delay-seconds", type=float, default=10.0, metavar="S")
+    parser.add_argument("--inconclusive-retry-seconds", type=float, default=60.0, metavar="S")
+    parser.add_argument("--request-timeout-seconds", type=float, default=30.0, metavar="S")
+    parser.add_argument("--watch-timeout-seconds", type=float, default=300.0, metavar="S")
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument("--verbose", action="store_true", help="log at INFO")
+    verbosity.add_argument("--debug", action="store_true", help="log at DEBUG")
+    parser.set_defaults(func=run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    raise SystemExit("mooncake-operator run: not available in this build yet")
+def settings_from(args: argparse.Namespace) -> OperatorSettings:
+    endpoints = load_replica_endpoints(args.replica_endpoints) if args.replica_endpoints else {}
+    return OperatorSettings(
+        namespaces=tuple(args.namespace),
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        liveness_host=args.liveness_host,
+        liveness_port=args.liveness_port,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        replica_endpoints=endpoints,
+        resync_seconds=args.resync_seconds,
+        retry_delay_seconds=args.retry_delay_seconds,
+        inconclusive_retry_seconds=args.inconclusive_retry_seconds,
+        request_timeout_seconds=args.request_timeout_seconds,
+        watch_timeout_seconds=args.watch_timeout_seconds,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from(args)
+        settings.kube_config()  # fail now, with the reason, rather than inside kopf's login loop
+    except (SettingsError, KubeConfigError) as error:
+        print(f"mooncake-operator run: {error}", file=sys.stderr)
+        return 2
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    kopf.run(
+        registry=build_registry(settings),
+        standalone=True,
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
+        liveness_endpoint=settings.liveness_endpoint,
+    )
+    return 0

@@ -1,0 +1,89 @@
+"""kopf handlers: decorators and one-line delegation to `mooncake_operator.reconcile`, nothing else.
+
+`build_registry(settings)` registers the handlers on a fresh registry bound to one `RuntimeHolder`, so
+an operator (or a test's `KopfRunner`) gets its own clients, created in its own event loop at startup and
+closed at cleanup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from mooncake_operator import api, reconcile
+from mooncake_operator.operator_settings import OperatorSettings, configure_kopf, connection_info
+
+RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
+
+
+@dataclass
+class RuntimeHolder:
+    """The runtime of a running operator; absent before startup and after cleanup."""
+
+    runtime: reconcile.Runtime | None = None
+
+    def get(self) -> reconcile.Runtime:
+        if self.runtime is None:
+            raise kopf.TemporaryError("the operator is starting or stopping", delay=1)
+        return self.runtime
+
+
+def raise_for(outcome: reconcile.Outcome) -> None:
+    """kopf's retry semantics of an outcome: invalid input never gets better; waiting is retried."""
+    if outcome.result is reconcile.ReconcileResult.INVALID:
+        raise kopf.PermanentError(outcome.message)
+    if outcome.retry_after is not None:
+        raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after)
+
+
+def build_registry(
+    operator_settings: OperatorSettings, holder: RuntimeHolder | None = None
+) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    holder = holder if holder is not None else RuntimeHolder()
+
+    @kopf.on.startup(registry=registry)
+    async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings, operator_settings)
+        holder.runtime = reconcile.Runtime.start(operator_settings)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**_: Any) -> None:
+        runtime, holder.runtime = holder.runtime, None
+        if runtime is not None:
+            await runtime.close()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(operator_settings.kube_config())
+
+    @kopf.on.create(*RESOURCE, registry=registry)
+    async def created(namespace: str | None, name: str, **_: Any) -> None:
+        raise_for(await reconcile.reconcile(holder.get(), str(namespace), name))
+
+    @kopf.on.update(*RESOURCE, registry=registry)
+    async def updated(namespace: str | None, name: str, **_: Any) -> None:
+        raise_for(await reconcile.reconcile(holder.get(), str(namespace), name))
+
+    @kopf.on.resume(*RESOURCE, registry=registry)
+    async def resumed(namespace: str | None, name: str, **_: Any) -> None:
+        raise_for(await reconcile.reconcile(holder.get(), str(namespace), name))
+
+    # Level-based: readiness, replaced pods, master restarts and the canary interval change nothing in
+    # the resource, so nothing else would notice them. The outcome is not raised: the next tick retries.
+    @kopf.timer(
+        *RESOURCE,
+        interval=operator_settings.resync_seconds,
+        initial_delay=operator_settings.resync_seconds,
+        registry=registry,
+    )
+    async def resync(namespace: str | None, name: str, **_: Any) -> None:
+        await reconcile.reconcile(holder.get(), str(namespace), name)
+
+    @kopf.on.delete(*RESOURCE, optional=True, registry=registry)
+    async def deleted(namespace: str | None, name: str, **_: Any) -> None:
+        holder.get().forget(str(namespace), name)
+
+    return registry

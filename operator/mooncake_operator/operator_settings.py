@@ -1,0 +1,150 @@
+"""Operator-level settings (`mooncake-operator run` flags) and how they become kopf's settings.
+
+These are the operator's own knobs, never fields a resource author controls: where the API server is,
+where the probes listen, how often the level-based timer re-checks, and the replica-endpoint override
+that points canaries at URLs other than the per-replica DNS names (tests, the sandbox).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+import yaml
+
+from mooncake_operator import api
+from mooncake_operator.canary.models import normalize_base_url
+from mooncake_operator.kube import KubeConfig
+
+FIELD_MANAGER = "mooncake-operator"
+FINALIZER = f"{api.GROUP}/finalizer"
+ANNOTATION_PREFIX = api.GROUP
+# Set to any new value to re-run the canary (and, after a rollback, to retry the spec's revision).
+RERUN_CANARY_ANNOTATION = f"{api.GROUP}/rerun-canary"
+# The client gives up on a watch this long after the server's own timeout, then reconnects.
+WATCH_CLIENT_GRACE_SECONDS = 30.0
+
+
+class SettingsError(ValueError):
+    """An operator setting that cannot be used; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespaces: tuple[str, ...] = ()  # empty: cluster-wide
+    kubeconfig: Path | None = None
+    context: str | None = None
+    # Explicit credentials win over kubeconfig/in-cluster (tests, benchmarks).
+    kube: KubeConfig | None = None
+    liveness_host: str = "0.0.0.0"  # in a pod the kubelet probes the pod IP
+    liveness_port: int = 8080
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 9090
+    replica_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    resync_seconds: float = 30.0
+    retry_delay_seconds: float = 10.0
+    inconclusive_retry_seconds: float = 60.0
+    request_timeout_seconds: float = 30.0
+    watch_timeout_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "resync_seconds",
+            "retry_delay_seconds",
+            "inconclusive_retry_seconds",
+            "request_timeout_seconds",
+            "watch_timeout_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise SettingsError(f"{name.replace('_', '-')} must be greater than 0")
+        for name in ("liveness_port", "metrics_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
+
+    def kube_config(self) -> KubeConfig:
+        """Explicit credentials, else the given kubeconfig, else in-cluster or the default kubeconfig."""
+        if self.kube is not None:
+            return self.kube
+        if self.kubeconfig is not None or self.context is not None:
+            return KubeConfig.from_kubeconfig(self.kubeconfig, self.context)
+        return KubeConfig.load_default()
+
+    @property
+    def liveness_endpoint(self) -> str | None:
+        if not self.liveness_port:
+            return None
+        return f"http://{self.liveness_host}:{self.liveness_port}/healthz"
+
+    def endpoints_for(self, namespace: str, name: str) -> tuple[str, ...] | None:
+        return self.replica_endpoints.get(f"{namespace}/{name}")
+
+
+def parse_replica_endpoints(document: Any, source: str = "replica endpoints") -> dict[str, tuple[str, ...]]:
+    """`{"ns/name": [url, ...]}` validated: keys name one resource, values are lists of http(s) URLs."""
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise SettingsError(f'{source}: expected a mapping "<namespace>/<name>": [url, ...]')
+    endpoints: dict[str, tuple[str, ...]] = {}
+    for key, urls in document.items():
+        namespace, slash, name = str(key).partition("/")
+        if not slash or not namespace or not name or "/" in name:
+            raise SettingsError(f'{source}: key {key!r} must be "<namespace>/<name>"')
+        if not isinstance(urls, list) or not urls or not all(isinstance(url, str) for url in urls):
+            raise SettingsError(f"{source}: {key} must map to a non-empty list of URLs")
+        try:
+            endpoints[str(key)] = tuple(normalize_base_url(url) for url in urls)
+        except ValueError as error:
+            raise SettingsError(f"{source}: {key}: {error}") from error
+    return endpoints
+
+
+def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise SettingsError(f"cannot read replica endpoints {path}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise SettingsError(f"replica endpoints {path} is not valid YAML: {error}") from error
+    return parse_replica_endpoints(document, source=str(path))
+
+
+def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
+    """kopf's settings for this operator (called from the startup handler)."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    # One operator replica (Recreate), no peering objects and no RBAC for them.
+    settings.peering.standalone = True
+    settings.peering.mandatory = False
+    settings.watching.server_timeout = ours.watch_timeout_seconds
+    settings.watching.client_timeout = ours.watch_timeout_seconds + WATCH_CLIENT_GRACE_SECONDS
+    settings.watching.connect_timeout = ours.request_timeout_seconds
+    settings.networking.request_timeout = ours.request_timeout_seconds
+    settings.networking.connect_timeout = ours.request_timeout_seconds
+    # The operator posts its own events on phase transitions; kopf's would add one per handler retry.
+    settings.posting.enabled = False
+    settings.posting.level = logging.WARNING
+
+
+def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration the operator's own client uses."""
+    return kopf.ConnectionInfo(
+        server=config.server,
+        ca_path=str(config.ca_path) if config.ca_path else None,
+        ca_data=config.ca_data,
+        insecure=config.insecure_skip_tls_verify or None,
+        token=config.current_token(),
+        scheme="Bearer" if config.current_token() else None,
+        certificate_path=str(config.client_cert_path) if config.client_cert_path else None,
+        certificate_data=config.client_cert_data,
+        private_key_path=str(config.client_key_path) if config.client_key_path else None,
+        private_key_data=config.client_key_data,
+        default_namespace=config.namespace,
+    )

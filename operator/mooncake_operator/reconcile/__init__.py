@@ -1,0 +1,10 @@
+"""Orchestration of a MooncakeServing: apply children, readiness, canary, status (kopf-free).
+
+`reconcile(runtime, namespace, name)` is what every kopf handler delegates to; the modules below it are
+pure where they can be (children diffing, readiness, canary planning, status) and tested as such.
+"""
+
+from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.reconcile.core import Outcome, Runtime, reconcile
+
+__all__ = ["Outcome", "ReconcileResult", "Runtime", "reconcile"]

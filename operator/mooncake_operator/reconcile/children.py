@@ -1,0 +1,107 @@
+"""Applying children: server-side apply under one field manager, only when something would change.
+
+A child is written when it is missing, when its `applied-hash` annotation (a digest of the rendered
+manifest) differs from the freshly rendered one (the spec changed, including fields that were removed),
+or when a field the operator sets no longer holds the rendered value (someone edited it: drift). So a
+reconcile with nothing to change reads each child once and writes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from mooncake_operator import api
+from mooncake_operator.kube import KubeClient
+from mooncake_operator.operator_settings import FIELD_MANAGER
+
+Manifest = dict[str, Any]
+
+APPLIED_HASH_ANNOTATION = f"{api.GROUP}/applied-hash"
+
+
+def manifest_hash(manifest: Mapping[str, Any]) -> str:
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def with_applied_hash(manifest: Manifest) -> Manifest:
+    """The manifest carrying the digest of itself (computed before the annotation is added)."""
+    digest = manifest_hash(manifest)
+    metadata = dict(manifest["metadata"])
+    metadata["annotations"] = {**metadata.get("annotations", {}), APPLIED_HASH_ANNOTATION: digest}
+    return {**manifest, "metadata": metadata}
+
+
+def _quantity(value: Any) -> Decimal | None:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    try:
+        return api.parse_quantity(value)
+    except ValueError:
+        return None
+
+
+def _same_scalar(desired: Any, live: Any) -> bool:
+    """Equal, or the same quantity written differently (the API server canonicalizes `4` to "4",
+    "0.5" to "500m")."""
+    if desired == live:
+        return True
+    left, right = _quantity(desired), _quantity(live)
+    return left is not None and left == right
+
+
+def holds(desired: Any, live: Any) -> bool:
+    """Whether `live` still holds every value of `desired`. Maps may carry more keys (server defaults,
+    other managers); lists must match element by element."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            key in live and holds(value, live[key]) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(desired) == len(live)
+            and all(holds(d, item) for d, item in zip(desired, live, strict=True))
+        )
+    return _same_scalar(desired, live)
+
+
+def needs_apply(desired: Manifest, live: Mapping[str, Any] | None) -> str | None:
+    """Why `desired` (carrying its applied hash) must be applied over `live`, or None."""
+    if live is None:
+        return "missing"
+    annotations = (live.get("metadata") or {}).get("annotations") or {}
+    wanted = desired["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
+    if annotations.get(APPLIED_HASH_ANNOTATION) != wanted:
+        return "changed"
+    if not holds(desired, live):
+        return "drifted"
+    return None
+
+
+@dataclass(frozen=True)
+class AppliedChild:
+    kind: str
+    name: str
+    why: str | None  # None: already as rendered, nothing written
+
+
+async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> list[AppliedChild]:
+    """Apply, in order, each child that needs it; returns what happened to each."""
+    results = []
+    for manifest in manifests:
+        desired = with_applied_hash(manifest)
+        metadata = desired["metadata"]
+        live = await kube.get_or_none(
+            desired["apiVersion"], desired["kind"], metadata["name"], metadata.get("namespace")
+        )
+        why = needs_apply(desired, live)
+        if why is not None:
+            await kube.apply(desired, field_manager=FIELD_MANAGER)
+        results.append(AppliedChild(desired["kind"], metadata["name"], why))
+    return results

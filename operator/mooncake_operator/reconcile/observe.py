@@ -1,0 +1,171 @@
+"""Readiness of the master and the replicas, read from the workloads and their pods (pure over manifests).
+
+Ready means rolled out *and* Ready: the master Deployment has observed its generation, its pods are all of
+the current template and one is Ready; every replica pod NAME-replica-<i> exists, is Ready, is not being
+deleted and runs the StatefulSet's update revision. Pod UIDs and the master's restart count are kept:
+they are what the canary triggers compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mooncake_operator import render
+from mooncake_operator.api import MooncakeServing
+from mooncake_operator.kube import KubeClient
+
+REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    uid: str
+    ready: bool
+    terminating: bool
+    revision: str | None
+    restarts: int
+    traffic: str | None
+
+    @property
+    def identity(self) -> str:
+        return f"{self.name}={self.uid}"
+
+
+@dataclass(frozen=True)
+class MasterState:
+    ready: bool
+    message: str
+    pod: PodInfo | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaState:
+    desired: int
+    ready: int
+    rolled_out: bool
+    message: str
+    pods: tuple[PodInfo, ...] = ()  # every replica pod found, ordered by name
+
+    @property
+    def all_ready(self) -> bool:
+        return self.rolled_out and self.ready == self.desired
+
+
+@dataclass(frozen=True)
+class Observation:
+    master: MasterState
+    replicas: ReplicaState
+
+    @property
+    def ready(self) -> bool:
+        return self.master.ready and self.replicas.all_ready
+
+    @property
+    def has_pods(self) -> bool:
+        return self.master.pod is not None or bool(self.replicas.pods)
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    metadata = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = metadata.get("labels") or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+    return PodInfo(
+        name=str(metadata.get("name", "")),
+        uid=str(metadata.get("uid", "")),
+        ready=ready,
+        terminating=metadata.get("deletionTimestamp") is not None,
+        revision=labels.get(REVISION_LABEL),
+        restarts=restarts,
+        traffic=labels.get(render.TRAFFIC_LABEL),
+    )
+
+
+def _generation_observed(workload: Mapping[str, Any]) -> bool:
+    generation = (workload.get("metadata") or {}).get("generation")
+    observed = (workload.get("status") or {}).get("observedGeneration")
+    return generation is not None and observed is not None and observed >= generation
+
+
+def master_state(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> MasterState:
+    if deployment is None:
+        return MasterState(False, "master Deployment not found")
+    infos = [pod_info(pod) for pod in pods]
+    live = [info for info in infos if not info.terminating]
+    ready_pod = next((info for info in live if info.ready), None)
+    shown = ready_pod or (live[0] if live else None)
+    status = deployment.get("status") or {}
+    desired = (deployment.get("spec") or {}).get("replicas", 1)
+    if not _generation_observed(deployment):
+        return MasterState(False, "master Deployment: rollout not yet observed", shown)
+    if status.get("updatedReplicas", 0) < desired or len(live) > desired:
+        return MasterState(False, "master Deployment: rollout in progress", shown)
+    if ready_pod is None:
+        return MasterState(False, "master pod not ready" if live else "master pod not created yet", shown)
+    return MasterState(True, f"master pod {ready_pod.name} ready", ready_pod)
+
+
+def replica_state(
+    resource: MooncakeServing, stateful_set: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> ReplicaState:
+    desired = resource.spec.replicas
+    infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
+    if stateful_set is None:
+        return ReplicaState(desired, 0, False, "replica StatefulSet not found", infos)
+    update_revision = (stateful_set.get("status") or {}).get("updateRevision")
+    if not _generation_observed(stateful_set) or update_revision is None:
+        return ReplicaState(desired, 0, False, "replica StatefulSet: rollout not yet observed", infos)
+    by_name = {info.name: info for info in infos}
+    current = [by_name.get(name) for name in render.replica_pod_names(resource)]
+    ready = [
+        info
+        for info in current
+        if info is not None and info.ready and not info.terminating and info.revision == update_revision
+    ]
+    missing = [
+        name for name, info in zip(render.replica_pod_names(resource), current, strict=True) if not info
+    ]
+    outdated = [info.name for info in current if info is not None and info.revision != update_revision]
+    extra = sorted(set(by_name) - set(render.replica_pod_names(resource)))
+    problems = []
+    if missing:
+        problems.append(f"not created yet: {', '.join(missing)}")
+    if outdated:
+        problems.append(f"previous revision: {', '.join(outdated)}")
+    unready = [
+        info.name
+        for info in current
+        if info is not None and info.revision == update_revision and info not in ready
+    ]
+    if unready:
+        problems.append(f"not ready: {', '.join(unready)}")
+    if extra:
+        problems.append(f"scaling down: {', '.join(extra)}")
+    message = f"{len(ready)}/{desired} replicas ready"
+    if problems:
+        message += "; " + "; ".join(problems)
+    return ReplicaState(desired, len(ready), not (outdated or extra or missing), message, infos)
+
+
+async def observe(kube: KubeClient, resource: MooncakeServing) -> Observation:
+    """Two GETs and two label-selected LISTs."""
+    names = render.ChildNames.of(resource.metadata.name)
+    namespace = resource.metadata.namespace
+    deployment = await kube.get_or_none("apps/v1", "Deployment", names.master, namespace)
+    stateful_set = await kube.get_or_none("apps/v1", "StatefulSet", names.replicas, namespace)
+    master_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "master"))
+    replica_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "replica"))
+    return Observation(
+        master_state(deployment, master_pods), replica_state(resource, stateful_set, replica_pods)
+    )
+
+
+def _selector(resource: MooncakeServing, which: str) -> str:
+    component = render.COMPONENT_MASTER if which == "master" else render.COMPONENT_REPLICA
+    labels = render.selector(resource, component)
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))

@@ -1,0 +1,245 @@
+"""The canary as the operator runs it: its config from the spec, when it is due, what its result means.
+
+Pure functions; running it is `mooncake_operator.canary.run_canary`. A run records what it was run
+against (`CanaryTarget`); the next run is due when the present state differs from that record, when the
+spec's interval has elapsed, or (for an inconclusive run) when the retry delay has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from mooncake_operator import api
+from mooncake_operator.api import (
+    CanaryStatus,
+    CanaryTarget,
+    InvalidResourceError,
+    MooncakeServingSpec,
+    PairEvidence,
+)
+from mooncake_operator.canary import CanaryConfig, CanaryResult, Expectation, PairResult, customer_request
+from mooncake_operator.canary.models import ErrorKind, Verdict
+
+_EXPECTATIONS = TypeAdapter(list[Expectation])
+_REASON_LIMIT = 1000
+
+
+def canary_request(spec: MooncakeServingSpec) -> dict[str, Any]:
+    """The spec's request, or the customer's; sent to the served model name unless the request names one."""
+    if spec.canary.request is None:
+        return {**customer_request(), "model": spec.model.name}
+    request = api.plain(spec.canary.request)
+    return request if "model" in request else {**request, "model": spec.model.name}
+
+
+def canary_expectations(spec: MooncakeServingSpec) -> list[Expectation] | None:
+    """The spec's expectations as the canary's checks; None: the canary's default (the customer's)."""
+    if spec.canary.expectations is None:
+        return None
+    return _EXPECTATIONS.validate_python([item.model_dump() for item in spec.canary.expectations])
+
+
+def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfig:
+    options: dict[str, Any] = {
+        "replicas": list(urls),
+        "request": canary_request(spec),
+        "pairs": spec.canary.pairs,
+        "request_timeout_s": float(spec.canary.timeout_seconds),
+        # The reader must load every block the prompt's hit should give (block size, Eagle's drop).
+        "block_size": spec.engine.block_size,
+        "eagle": spec.speculative is not None,
+    }
+    expectations = canary_expectations(spec)
+    if expectations is not None:
+        options["expectations"] = expectations
+    return CanaryConfig(**options)
+
+
+def validate_canary_spec(spec: MooncakeServingSpec) -> None:
+    """The canary section as the canary will read it; raises InvalidResourceError field by field."""
+    if not spec.canary.enabled:
+        return
+    placeholders = [f"http://replica-{index}:{spec.engine.port}" for index in range(max(spec.replicas, 2))]
+    try:
+        canary_config(spec, placeholders)
+    except ValidationError as error:
+        problems = [
+            problem.replace("spec.canary.request_timeout_s", "spec.canary.timeoutSeconds")
+            for problem in api.describe_validation_error(error, prefix="spec.canary")
+        ]
+        raise InvalidResourceError(problems) from error
+
+
+def current_target(
+    *,
+    revision: str,
+    generation: int | None,
+    replica_pods: Sequence[str],
+    master_pod: str | None,
+    master_restarts: int,
+    rerun: str | None,
+) -> CanaryTarget:
+    return CanaryTarget(
+        revision=revision,
+        generation=generation,
+        replica_pods=list(replica_pods),
+        master_pod=master_pod,
+        master_restarts=master_restarts,
+        rerun=rerun,
+    )
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def canary_due(
+    last: CanaryStatus | None,
+    target: CanaryTarget,
+    *,
+    now: datetime,
+    interval_seconds: float | None,
+    inconclusive_retry_seconds: float,
+) -> str | None:
+    """Why the canary must run now, or None when its last result still describes the replicas."""
+    if last is None or last.target is None:
+        return "no canary has run against these replicas yet"
+    before = last.target
+    if before.revision != target.revision:
+        return f"revision {target.revision} is rolled out (last canary: {before.revision})"
+    if before.generation != target.generation:
+        return f"generation {target.generation} (last canary: {before.generation})"
+    if before.replica_pods != target.replica_pods:
+        replaced = sorted(set(target.replica_pods) - set(before.replica_pods))
+        return f"replica pods replaced: {', '.join(item.split('=')[0] for item in replaced) or 'scaled'}"
+    if before.master_pod != target.master_pod or target.master_restarts > before.master_restarts:
+        return "the store master restarted"
+    if before.rerun != target.rerun:
+        return f"re-run requested ({target.rerun})"
+    finished = parse_time(last.finished_at)
+    if finished is None:
+        return "the last canary run did not finish"
+    elapsed = (now - finished).total_seconds()
+    if interval_seconds is not None and elapsed >= interval_seconds:
+        return f"interval of {interval_seconds:g}s elapsed"
+    if last.verdict == "Inconclusive" and elapsed >= inconclusive_retry_seconds:
+        return "retrying an inconclusive run"
+    return None
+
+
+def effective_verdict(result: CanaryResult, *, require_external_hit: bool) -> Verdict:
+    """The run's verdict; without `requireExternalHit`, equal answers without a proven load pass."""
+    if result.verdict is not Verdict.INCONCLUSIVE or require_external_hit:
+        return result.verdict
+    proven_equal = all(pair.answers_equal and not pair.connection_error for pair in result.pairs)
+    return Verdict.PASSED if proven_equal else Verdict.INCONCLUSIVE
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _non_negative(value: int | None) -> int | None:
+    # A counter that went down (the reader restarted mid-run) is no evidence.
+    return value if value is not None and value >= 0 else None
+
+
+def pair_evidence(pair: PairResult, names: dict[str, str]) -> PairEvidence:
+    return PairEvidence(
+        writer=names.get(pair.writer, pair.writer),
+        reader=names.get(pair.reader, pair.reader),
+        verdict=pair.verdict.value,
+        reason="; ".join(pair.reasons)[:_REASON_LIMIT],
+        cache_salt=pair.cache_salt,
+        prompt_tokens=_non_negative(pair.prompt_tokens),
+        external_hit_tokens=_non_negative(pair.external_hit_tokens),
+        expected_external_hit_tokens=_non_negative(pair.expected_external_hit_tokens),
+        load_get_keys=_non_negative(pair.load_get_keys),
+        answers_equal=pair.answers_equal,
+        cold_latency_ms=_ms(pair.cold.latency_s) if pair.cold else None,
+        warm_latency_ms=_ms(pair.warm.latency_s) if pair.warm else None,
+        first_mismatch=(
+            api.Mismatch(
+                position=pair.mismatch.position,
+                cold=pair.mismatch.cold_context,
+                warm=pair.mismatch.warm_context,
+            )
+            if pair.mismatch
+            else None
+        ),
+        violations=list(pair.expectation_violations),
+        notes=list(pair.notes),
+    )
+
+
+def canary_status(
+    result: CanaryResult,
+    *,
+    verdict: Verdict,
+    target: CanaryTarget,
+    pod_names: Sequence[str],
+) -> CanaryStatus:
+    """The run as status: evidence per pair, replicas named by pod (URLs are in the run's log)."""
+    names = dict(zip(result.replicas, pod_names, strict=False))
+    hits = [pair.external_hit_tokens for pair in result.pairs if pair.external_hit_tokens is not None]
+    finished = result.started_at + timedelta(seconds=result.wall_s)
+    reason = result.reason
+    if verdict is not result.verdict:
+        reason = f"passed without a proven external hit (requireExternalHit: false): {reason}"
+    return CanaryStatus(
+        run_id=result.run_id,
+        verdict=verdict.value,
+        reason=reason[:_REASON_LIMIT],
+        external_hit_tokens=_non_negative(sum(hits)) if hits else None,
+        started_at=format_time(result.started_at),
+        finished_at=format_time(finished),
+        pairs=[pair_evidence(pair, names) for pair in result.pairs],
+        target=target,
+    )
+
+
+def not_run_status(reason: str, *, run_id: str, now: datetime, target: CanaryTarget) -> CanaryStatus:
+    """An inconclusive "run" that could not start (e.g. the endpoint override lists the wrong count)."""
+    stamp = format_time(now)
+    return CanaryStatus(
+        run_id=run_id,
+        verdict="Inconclusive",
+        reason=reason,
+        started_at=stamp,
+        finished_at=stamp,
+        target=target,
+    )
+
+
+def format_time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cold_at_fault(pair: PairResult) -> bool:
+    cold_failed = pair.cold is None or (not pair.cold.ok and pair.cold.error_kind is not ErrorKind.CONNECTION)
+    return cold_failed or any(v.startswith("cold answer") for v in pair.expectation_violations)
+
+
+def blamed_replicas(result: CanaryResult, pod_names: Sequence[str]) -> list[str]:
+    """Pods to take out of traffic after a failed run: a failed pair's reader (it answered from a loaded
+    prefix: a corrupting reader), and its writer when the cold answer itself was wrong or missing."""
+    names = dict(zip(result.replicas, pod_names, strict=False))
+    blamed: set[str] = set()
+    for pair in result.pairs:
+        if pair.verdict is not Verdict.FAILED:
+            continue
+        cold_fault = _cold_at_fault(pair)
+        if cold_fault:
+            blamed.add(names.get(pair.writer, pair.writer))
+        if pair.warm is not None or not cold_fault:
+            blamed.add(names.get(pair.reader, pair.reader))
+    return sorted(blamed)

@@ -1,0 +1,83 @@
+"""The last good revision: the spec the last passing canary proved, kept in an owned ConfigMap.
+
+`onFailure: Rollback` renders the children from it instead of the user's spec, which is never rewritten.
+The ConfigMap (NAME-last-good, key spec.json) is a child like the others: it goes with its owner.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from mooncake_operator import api, render
+from mooncake_operator.api import MooncakeServing, MooncakeServingSpec
+from mooncake_operator.kube import KubeClient
+from mooncake_operator.operator_settings import FIELD_MANAGER
+
+REVISION_ANNOTATION = f"{api.GROUP}/revision"
+SPEC_KEY = "spec.json"
+COMPONENT = "last-good"
+
+
+def config_map_name(name: str) -> str:
+    return f"{name}-last-good"
+
+
+@dataclass(frozen=True)
+class LastGood:
+    revision: str
+    spec: MooncakeServingSpec
+
+
+def last_good_manifest(
+    resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
+) -> dict[str, Any]:
+    revision = render.spec_hash(spec)
+    metadata = render.object_meta(
+        resource,
+        config_map_name(resource.metadata.name),
+        render.labels(resource, "mooncake-serving", COMPONENT),
+        owner_uid,
+    )
+    metadata["annotations"] = {REVISION_ANNOTATION: revision}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata,
+        "data": {SPEC_KEY: json.dumps(spec.to_wire(), indent=2, sort_keys=True) + "\n"},
+    }
+
+
+def parse_last_good(config_map: dict[str, Any] | None) -> LastGood | None:
+    """The stored spec, or None when absent or unreadable (then there is nothing to roll back to)."""
+    if config_map is None:
+        return None
+    text = (config_map.get("data") or {}).get(SPEC_KEY)
+    if not text:
+        return None
+    try:
+        spec = MooncakeServingSpec.model_validate(json.loads(text))
+    except (ValueError, ValidationError):
+        return None
+    return LastGood(render.spec_hash(spec), spec)
+
+
+async def read_last_good(kube: KubeClient, resource: MooncakeServing) -> LastGood | None:
+    config_map = await kube.get_or_none(
+        "v1", "ConfigMap", config_map_name(resource.metadata.name), resource.metadata.namespace
+    )
+    return parse_last_good(config_map)
+
+
+async def record_last_good(
+    kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
+) -> bool:
+    """Store `spec` as the last good revision unless it already is; True when written."""
+    stored = await read_last_good(kube, resource)
+    if stored is not None and stored.revision == render.spec_hash(spec):
+        return False
+    await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=FIELD_MANAGER)
+    return True

@@ -1,0 +1,207 @@
+"""Phase and conditions from what was observed (pure), and the merge patch that writes only differences."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mooncake_operator import conditions as cond
+from mooncake_operator.api import CanaryStatus, ConditionType, Phase
+from mooncake_operator.conditions import ConditionState, Reason
+from mooncake_operator.reconcile.observe import Observation
+
+WARNING_PHASES: frozenset[Phase] = frozenset({"Invalid", "CanaryFailed", "Degraded"})
+WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value})
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch turning `old` into `new` (empty when they are equal): removed keys become
+    null, maps recurse, lists and scalars are replaced whole."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = merge_patch(before, value)
+            if nested:
+                patch[key] = nested
+        elif key not in old or before != value:
+            patch[key] = value
+    return patch
+
+
+@dataclass(frozen=True)
+class Revisions:
+    desired: str
+    serving: str
+    failed: str | None
+    last_good: str | None
+
+    @property
+    def rolled_back(self) -> bool:
+        return self.failed is not None and self.failed == self.desired and self.serving != self.desired
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The phase and the four conditions of one reconcile."""
+
+    phase: Phase
+    conditions: dict[ConditionType, ConditionState]
+
+
+def invalid(problems: list[str]) -> Verdict:
+    message = "the spec is invalid: " + "; ".join(problems)
+    not_reconciled = cond.unknown(Reason.INVALID_SPEC, "not reconciled: the spec is invalid")
+    return Verdict(
+        "Invalid",
+        {
+            cond.MASTER_READY: not_reconciled,
+            cond.REPLICAS_READY: not_reconciled,
+            cond.CANARY_PASSED: not_reconciled,
+            cond.READY: cond.false(Reason.INVALID_SPEC, message),
+        },
+    )
+
+
+def _workload_conditions(observation: Observation) -> dict[ConditionType, ConditionState]:
+    master, replicas = observation.master, observation.replicas
+    return {
+        cond.MASTER_READY: (
+            cond.true(Reason.MASTER_READY, master.message)
+            if master.ready
+            else cond.false(Reason.MASTER_NOT_READY, master.message)
+        ),
+        cond.REPLICAS_READY: (
+            cond.true(Reason.REPLICAS_READY, replicas.message)
+            if replicas.all_ready
+            else cond.false(Reason.REPLICAS_NOT_READY, replicas.message)
+        ),
+    }
+
+
+def canary_condition(canary: CanaryStatus | None, revisions: Revisions, *, enabled: bool) -> ConditionState:
+    """The last run's verdict when it was run against the serving revision; else pending."""
+    if not enabled:
+        return cond.unknown(Reason.CANARY_DISABLED, "canary.enabled is false")
+    if canary is None or canary.target is None or canary.target.revision != revisions.serving:
+        return cond.unknown(Reason.CANARY_PENDING, f"waiting for revision {revisions.serving} to be ready")
+    message = f"run {canary.run_id} against revision {revisions.serving}: {canary.reason}"
+    if canary.verdict == "Passed":
+        return cond.true(Reason.CANARY_PASSED, message)
+    if canary.verdict == "Failed":
+        return cond.false(Reason.CANARY_FAILED, message)
+    return cond.false(Reason.CANARY_INCONCLUSIVE, message)
+
+
+def not_ready(
+    observation: Observation, revisions: Revisions, canary: CanaryStatus | None, *, enabled: bool
+) -> Verdict:
+    """Master or replicas not ready: Pending before any pod exists, Deploying during a rollout, Degraded when
+    a revision that already passed lost readiness."""
+    workload = _workload_conditions(observation)
+    detail = "; ".join(
+        state.message for state in workload.values() if state.status != "True" and state.message
+    )
+    phase, ready = _not_ready_phase(observation, revisions, canary, detail)
+    return Verdict(
+        phase,
+        {
+            **workload,
+            cond.CANARY_PASSED: canary_condition(canary, revisions, enabled=enabled),
+            cond.READY: ready,
+        },
+    )
+
+
+def _not_ready_phase(
+    observation: Observation, revisions: Revisions, canary: CanaryStatus | None, detail: str
+) -> tuple[Phase, ConditionState]:
+    if revisions.rolled_back:
+        message = f"revision {revisions.desired} failed the canary; rolling back to {revisions.serving}"
+        return "Deploying", cond.false(Reason.ROLLING_BACK, f"{message}: {detail}")
+    if not observation.has_pods:
+        return "Pending", cond.false(Reason.PENDING, f"waiting for pods: {detail}")
+    if revisions.last_good == revisions.serving and _proven(canary, revisions):
+        message = f"revision {revisions.serving} lost readiness: {detail}"
+        return "Degraded", cond.false(Reason.REPLICAS_LOST, message)
+    return "Deploying", cond.false(Reason.DEPLOYING, f"rolling out revision {revisions.serving}: {detail}")
+
+
+def _proven(canary: CanaryStatus | None, revisions: Revisions) -> bool:
+    return canary is not None and canary.target is not None and canary.target.revision == revisions.serving
+
+
+def canary_running(observation: Observation, revisions: Revisions, why: str) -> Verdict:
+    running = cond.unknown(Reason.CANARY_RUNNING, f"revision {revisions.serving}: {why}")
+    return Verdict(
+        "Canary",
+        {
+            **_workload_conditions(observation),
+            cond.CANARY_PASSED: running,
+            cond.READY: cond.false(
+                Reason.CANARY_RUNNING, f"canary running against revision {revisions.serving}: {why}"
+            ),
+        },
+    )
+
+
+def settled(
+    observation: Observation,
+    revisions: Revisions,
+    canary: CanaryStatus | None,
+    *,
+    enabled: bool,
+    on_failure: str,
+) -> Verdict:
+    """Master and replicas ready; the last canary (or none, when disabled) decides."""
+    workload = _workload_conditions(observation)
+    canary_state = canary_condition(canary, revisions, enabled=enabled)
+    conditions = {**workload, cond.CANARY_PASSED: canary_state}
+    if canary_state.status == "True" or not enabled:
+        if revisions.rolled_back:
+            message = (
+                f"revision {revisions.desired} failed the canary and was rolled back; serving the last "
+                f"good revision {revisions.serving}. Change the spec, or set the rerun-canary annotation "
+                "to retry it"
+            )
+            return Verdict("Degraded", {**conditions, cond.READY: cond.false(Reason.ROLLED_BACK, message)})
+        message = (
+            f"revision {revisions.serving} serving; canary passed"
+            if enabled
+            else f"revision {revisions.serving} serving; canary disabled"
+        )
+        return Verdict("Ready", {**conditions, cond.READY: cond.true(Reason.READY, message)})
+    if canary_state.reason is Reason.CANARY_PENDING:
+        return Verdict(
+            "Canary", {**conditions, cond.READY: cond.false(Reason.CANARY_PENDING, canary_state.message)}
+        )
+    held = " Replicas that failed are out of the client Service." if on_failure == "Hold" else ""
+    return Verdict(
+        "CanaryFailed",
+        {**conditions, cond.READY: cond.false(canary_state.reason, canary_state.message + held)},
+    )
+
+
+def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryStatus) -> Verdict:
+    """The spec's revision just failed; the last good one is about to be rendered again."""
+    failed = cond.false(
+        Reason.CANARY_FAILED, f"run {canary.run_id} against revision {revisions.desired}: {canary.reason}"
+    )
+    message = (
+        f"revision {revisions.desired} failed the canary; rolling back to the last good revision "
+        f"{revisions.last_good}"
+    )
+    return Verdict(
+        "Deploying",
+        {
+            **_workload_conditions(observation),
+            cond.CANARY_PASSED: failed,
+            cond.READY: cond.false(Reason.ROLLING_BACK, message),
+        },
+    )
+
+
+def event_type(phase: Phase, reason: str) -> str:
+    warning = phase in WARNING_PHASES or reason in WARNING_REASONS
+    return "Warning" if warning else "Normal"
