@@ -42,7 +42,7 @@ from mooncake_operator.examples import customer_deployment
 pytestmark = pytest.mark.unit
 
 # The oldest and newest schemas kubernetes-validate ships; Kubernetes 1.20 itself is the cluster tier's
-# API server (tests/cluster/test_chart.py dry-runs every object there).
+# API server (tests/cluster/test_chart_install.py dry-runs every object there).
 KUBERNETES_VERSIONS = ("1.25.0", "1.37.0")
 FULLNAME = f"{RELEASE}-mooncake-operator"
 

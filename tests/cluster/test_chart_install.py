@@ -1,7 +1,7 @@
 """The helm chart against a real kube-apiserver (1.20, RBAC on): every rendered object passes a
 server-side dry run, and `helm install` applies the chart.
 
-The operator running under the chart's ServiceAccount is in test_chart_rbac.py.
+The operator running under the chart's ServiceAccount is in test_chart_operator_rbac.py.
 """
 
 from __future__ import annotations
