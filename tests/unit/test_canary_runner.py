@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -379,3 +381,16 @@ def _evidence(
         metrics_error=None,
         wall_s=0.1,
     )
+
+
+def test_the_canary_imports_nothing_of_kubernetes() -> None:
+    """It must run against any replicas: httpx and pydantic only, no kopf, kubernetes or YAML."""
+    code = (
+        "import sys, mooncake_operator.canary; "
+        "roots = {m.split('.')[0] for m in sys.modules}; "
+        "print(sorted(roots & {'kopf', 'kubernetes', 'yaml', 'prometheus_client'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]"
