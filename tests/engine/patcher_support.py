@@ -48,11 +48,12 @@ def load_patcher() -> ModuleType:
     return module
 
 
-def reference_wheel(version: str) -> zipfile.ZipFile:
-    wheels = sorted((cache_root() / "wheels").glob(f"vllm-{version}-*.whl"))
+def reference_wheel(version: str, project: str = "vllm") -> zipfile.ZipFile:
+    """A wheel cached by fetch-reference-wheels.sh; fails the test with the fix when missing."""
+    wheels = sorted((cache_root() / "wheels").glob(f"{project}-{version}-*.whl"))
     if not wheels:
         pytest.fail(
-            f"the vllm=={version} reference wheel is not in {cache_root() / 'wheels'}; "
+            f"the {project}=={version} reference wheel is not in {cache_root() / 'wheels'}; "
             f"run {FETCH_SCRIPT.relative_to(REPO)} (scripts/test does) with network access",
             pytrace=False,
         )
