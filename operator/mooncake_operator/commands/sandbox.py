@@ -45,6 +45,7 @@ class ExitCode:
     INCONCLUSIVE = 2
     SETUP_ERROR = 3
     INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 VERDICT_EXIT = {
@@ -60,7 +61,7 @@ REQUEST_TIMEOUT_S = 300.0  # a CPU replica on a busy 2-core machine can take lon
 
 EPILOG = """\
 exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 setup error (engine env,
-models, master, a replica that did not start), 130 interrupted.
+models, master, a replica that did not start), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 
 Everything heavy is cached in $MOONCAKE_OPERATOR_CACHE (default ~/.cache/mooncake-operator).
 """
@@ -119,9 +120,18 @@ def _replica_count(text: str) -> int:
     return value
 
 
+class _Terminated(BaseException):
+    """SIGTERM before the event loop takes over the signal (during set-up)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def _run(args: argparse.Namespace) -> int:
     engine = EngineMode(args.engine)
     log = _stderr_line
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         # Outside the namespace: the first run installs packages.
         engines = tuple(EngineMode) if args.action == "prepare" else (engine,)
@@ -132,6 +142,9 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log("interrupted during set-up")
         return ExitCode.INTERRUPTED
+    except _Terminated:
+        log("terminated during set-up")
+        return ExitCode.TERMINATED
     if args.action == "prepare":
         log(f"ready: engine venv {prepared.env.venv}, models {prepared.models.root}")
         for build in prepared.builds.values():
@@ -168,8 +181,8 @@ def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, i
     except KeyboardInterrupt:
         code = ExitCode.INTERRUPTED
         outcome["error"] = "interrupted (SIGINT); every process the sandbox started was stopped"
-    except asyncio.CancelledError:
-        code = 128 + signal.SIGTERM
+    except (asyncio.CancelledError, _Terminated):
+        code = ExitCode.TERMINATED
         outcome["error"] = "terminated (SIGTERM); every process the sandbox started was stopped"
     except ReplicaDiedError as error:
         code = ExitCode.FAILED

@@ -1,0 +1,268 @@
+"""The customer's four steps on real engines, then the patcher's fix, then the canary on both engines.
+
+One sandbox (real mooncake_master, two real vLLM CPU replicas A and B, tiny target + Eagle-3 draft) is
+shared by the whole module; each test states the engine configuration it needs and only the replicas
+that differ are restarted. A fresh `cache_salt` does the work of the customer's "empty Mooncake
+store": it is mixed into the first block's hash, so a new salt makes every block key new.
+
+Measured facts these tests pin down (vLLM 0.32 CPU, block size 32, the customer's request = 168
+prompt tokens with the tiny tokenizer): an Eagle reader loads 128 tokens (the lookup drops the last
+of 5 full blocks for the drafter); the pre-fix `load_mask` drops it a second time, so the connector
+fetches 3 blocks where the scheduler counted 4 and the warm answer is computed over one block of
+uninitialised KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from mooncake_operator.canary import (
+    ChatAnswer,
+    StoreCounters,
+    Verdict,
+    chat,
+    customer_request,
+    expected_external_hit_tokens,
+    render_table,
+    run_canary,
+    scrape_counters,
+)
+from mooncake_operator.commands.sandbox import canary_config
+from mooncake_operator.sandbox import (
+    EngineMode,
+    MasterDownError,
+    Prepared,
+    ReplicaDiedError,
+    Sandbox,
+    SandboxOptions,
+    SandboxSetupError,
+    start_sandbox,
+)
+from mooncake_operator.sandbox.engines import patcher_script
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+
+A, B = 0, 1
+BLOCK_SIZE = 32
+TIMEOUT_S = 300.0
+COORDINATOR = Path("distributed/kv_transfer/kv_connector/v1/mooncake/store/coordinator.py")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Step 1: the cold answer of replica A (buggy engine, Eagle on) and the salt it was stored under."""
+
+    answer: ChatAnswer
+    salt: str
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def sandbox(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox]:
+    # A run directory under pytest's basetemp: the engines' logs survive a failed test.
+    run_dir = tmp_path_factory.mktemp("sandbox")
+    options = SandboxOptions(replicas=2, engine=EngineMode.BUGGY, speculative=True, run_dir=run_dir)
+    async with start_sandbox(options, prepared=prepared) as running:
+        yield running
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(trust_env=False) as shared:
+        yield shared
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def reference(sandbox: Sandbox, client: httpx.AsyncClient) -> Reference:
+    await configure(sandbox, EngineMode.BUGGY, speculative=True)
+    salt = fresh_salt("step1")
+    answer, delta = await ask_and_count(sandbox, client, A, salt)
+    assert delta.external_hit_tokens == 0, "a fresh salt must make replica A cold"
+    return Reference(answer=answer, salt=salt)
+
+
+def fresh_salt(label: str) -> str:
+    return f"e2e-{label}-{uuid.uuid4().hex}"
+
+
+async def configure(sandbox: Sandbox, engine: EngineMode, *, speculative: bool) -> None:
+    """Both replicas on `engine` with or without Eagle; restarts only those that differ (concurrently)."""
+    stale = [r.index for r in sandbox.replicas if (r.engine, r.speculative) != (engine, speculative)]
+    if stale or any(r.process is None or r.process.exit_code() is not None for r in sandbox.replicas):
+        dead = [r.index for r in sandbox.replicas if r.process is None or r.process.exit_code() is not None]
+        await sandbox.restart_replicas(sorted({*stale, *dead}), engine=engine, speculative=speculative)
+
+
+async def ask(sandbox: Sandbox, client: httpx.AsyncClient, index: int, salt: str) -> ChatAnswer:
+    url = sandbox.replica_urls[index]
+    answer = await sandbox.guard(chat(client, url, customer_request(), cache_salt=salt, timeout=TIMEOUT_S))
+    assert answer.ok, f"{sandbox.replicas[index].name}: {answer.error} {answer.body_excerpt or ''}"
+    return answer
+
+
+async def counters(sandbox: Sandbox, client: httpx.AsyncClient, index: int) -> StoreCounters:
+    return await scrape_counters(client, sandbox.replica_urls[index], timeout=30)
+
+
+async def ask_and_count(
+    sandbox: Sandbox, client: httpx.AsyncClient, index: int, salt: str
+) -> tuple[ChatAnswer, StoreCounters]:
+    """The answer of replica `index` and how much its counters rose while it answered."""
+    before = await counters(sandbox, client, index)
+    answer = await ask(sandbox, client, index, salt)
+    return answer, (await counters(sandbox, client, index)).delta(before)
+
+
+def loads(delta: StoreCounters) -> int:
+    return delta.store_keys_by_operation.get("load_get", 0)
+
+
+# --- the customer's four steps, buggy engine -------------------------------------------------------
+
+
+async def test_steps_1_to_3_warm_answer_on_b_is_corrupted_cold_answer_is_not(
+    sandbox: Sandbox, client: httpx.AsyncClient, reference: Reference
+) -> None:
+    # (1) cold on A: the reference (fixture). (2) the identical request on B, which loads A's prefix.
+    warm, delta = await ask_and_count(sandbox, client, B, reference.salt)
+    expected_hit = expected_external_hit_tokens(reference.answer.prompt_tokens or 0, BLOCK_SIZE, eagle=True)
+
+    assert warm.text != reference.answer.text, "with the pre-fix load_mask B's warm answer must differ"
+    assert delta.external_hit_tokens == expected_hit == 128, "B must have loaded A's prefix from the store"
+    assert delta.local_hit_tokens == 0, "nothing came from B's own cache"
+    # The bug's signature: the connector fetched one block less than the scheduler counted as loaded.
+    assert loads(delta) == expected_hit // BLOCK_SIZE - 1, delta.store_keys_by_operation
+
+    # (3) "empty store" again (a fresh salt) and straight to B: its cold answer is correct.
+    cold_b, delta_b = await ask_and_count(sandbox, client, B, fresh_salt("step3"))
+    assert delta_b.external_hit_tokens == 0, "a fresh salt must make B cold"
+    assert cold_b.text == reference.answer.text
+
+
+async def test_canary_fails_on_the_buggy_engine(sandbox: Sandbox, reference: Reference) -> None:
+    await configure(sandbox, EngineMode.BUGGY, speculative=True)
+    config = canary_config(sandbox.replica_urls, block_size=BLOCK_SIZE, eagle=True)
+
+    result = await sandbox.guard(run_canary(config))
+
+    assert result.verdict is Verdict.FAILED, render_table(result)
+    for pair in result.pairs:
+        assert pair.answers_equal is False, render_table(result)
+        assert pair.cold is not None and pair.cold.text == reference.answer.text
+        assert pair.external_hit_tokens == pair.expected_external_hit_tokens == 128
+        assert pair.load_get_keys == 3
+        assert any("double-prune signature" in note for note in pair.notes), pair.notes
+
+
+async def test_step_4_without_speculative_config_warm_answer_is_correct(
+    sandbox: Sandbox, client: httpx.AsyncClient, reference: Reference
+) -> None:
+    await configure(sandbox, EngineMode.BUGGY, speculative=True)
+    # B alone without Eagle cannot read what an Eagle writer stored: the blocks also hold the draft
+    # layer's KV (40 KiB where B expects 32 KiB), and vLLM fails the request loudly, never silently.
+    await sandbox.restart_replica(B, speculative=False)
+    mixed_salt = fresh_salt("step4-mixed")
+    await ask(sandbox, client, A, mixed_salt)
+    warm_on_b = chat(client, sandbox.replica_urls[B], customer_request(), cache_salt=mixed_salt, timeout=300)
+    mixed = await sandbox.guard(warm_on_b)
+    assert mixed.status == 500 and not mixed.ok, mixed
+
+    # The customer's step 4: the deployment without the speculative config, prefix warmed on A, B warm.
+    await configure(sandbox, EngineMode.BUGGY, speculative=False)
+    salt = fresh_salt("step4")
+    cold_a = await ask(sandbox, client, A, salt)
+    warm, delta = await ask_and_count(sandbox, client, B, salt)
+    expected_hit = expected_external_hit_tokens(cold_a.prompt_tokens or 0, BLOCK_SIZE, eagle=False)
+
+    assert cold_a.text == reference.answer.text, "speculative decoding must not change greedy answers"
+    assert warm.text == reference.answer.text
+    assert delta.external_hit_tokens == expected_hit == 160
+    assert loads(delta) == expected_hit // BLOCK_SIZE
+
+
+# --- the fix ---------------------------------------------------------------------------------------
+
+
+async def test_patched_engine_is_the_buggy_overlay_after_our_patcher(
+    prepared: Prepared, tmp_path: Path
+) -> None:
+    buggy = prepared.builds[EngineMode.BUGGY]
+    patched = prepared.builds[EngineMode.PATCHED]
+    assert (buggy.patcher_status, patched.patcher_status) == ("buggy", "patched")
+    # Apply the patcher to a copy of the buggy coordinator: byte for byte what the patched engine runs.
+    copy = tmp_path / "vllm" / COORDINATOR
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes((buggy.vllm_dir / COORDINATOR).read_bytes())
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    process = await asyncio.create_subprocess_exec(
+        str(prepared.env.python), str(patcher_script()), "apply", "--vllm-dir", str(tmp_path / "vllm")
+    )
+    assert await process.wait() == 0
+    assert copy.read_bytes() == (patched.vllm_dir / COORDINATOR).read_bytes()
+
+
+async def test_after_the_patcher_step_2_equals_step_1(
+    sandbox: Sandbox, client: httpx.AsyncClient, reference: Reference
+) -> None:
+    await configure(sandbox, EngineMode.PATCHED, speculative=True)
+    salt = fresh_salt("patched")
+    cold_a = await ask(sandbox, client, A, salt)
+    warm, delta = await ask_and_count(sandbox, client, B, salt)
+
+    assert cold_a.text == reference.answer.text
+    assert warm.text == reference.answer.text
+    assert delta.external_hit_tokens == 128
+    assert loads(delta) == 4, "the fixed load_mask fetches every block the scheduler counted"
+
+
+async def test_canary_passes_on_the_patched_engine(sandbox: Sandbox) -> None:
+    await configure(sandbox, EngineMode.PATCHED, speculative=True)
+    config = canary_config(sandbox.replica_urls, block_size=BLOCK_SIZE, eagle=True)
+
+    result = await sandbox.guard(run_canary(config))
+
+    assert result.verdict is Verdict.PASSED, render_table(result)
+    assert [pair.external_hit_tokens for pair in result.pairs] == [128, 128]
+    assert [pair.load_get_keys for pair in result.pairs] == [4, 4]
+
+
+# --- failures are clear and fast -------------------------------------------------------------------
+
+
+async def test_a_replica_killed_mid_run_is_a_clear_failure_not_a_hang(sandbox: Sandbox) -> None:
+    await configure(sandbox, EngineMode.PATCHED, speculative=True)
+    victim = sandbox.replicas[B].process
+    assert victim is not None
+    config = canary_config(sandbox.replica_urls, block_size=BLOCK_SIZE, eagle=True)
+    asyncio.get_running_loop().call_later(1.0, os.kill, victim.pid, signal.SIGKILL)
+    started = time.monotonic()
+
+    with pytest.raises(ReplicaDiedError) as caught:
+        await sandbox.guard(run_canary(config))
+
+    assert time.monotonic() - started < 30
+    assert f"replica-B (pid {victim.pid}" in str(caught.value)
+    assert "exited with code -9" in str(caught.value)
+
+
+async def test_master_down_is_a_clear_setup_error(sandbox: Sandbox) -> None:
+    # Last in the module: the sandbox cannot recover a lost store.
+    assert sandbox.master is not None
+    os.kill(sandbox.master.pid, signal.SIGKILL)
+    await asyncio.sleep(0.5)
+
+    with pytest.raises(MasterDownError, match="is not running") as caught:
+        sandbox.check_alive()
+    assert isinstance(caught.value, SandboxSetupError)
+    with pytest.raises(MasterDownError):
+        await sandbox.restart_replica(A)

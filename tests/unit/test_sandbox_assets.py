@@ -1,0 +1,96 @@
+"""What the sandbox builds with the real engine venv: deterministic tiny models, the engine overlays.
+
+Marker `engine`: these need `$MOONCAKE_OPERATOR_CACHE/engine-venv` (`mooncake-operator sandbox prepare`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from mooncake_operator.sandbox.engine_env import EngineEnv, cache_root, installation_problems
+from mooncake_operator.sandbox.engines import EngineMode, patcher_script, patcher_status, prepare_engine
+from mooncake_operator.sandbox.models import GENERATOR, generate_models, models_dir
+
+pytestmark = pytest.mark.engine
+
+COORDINATOR = Path("distributed/kv_transfer/kv_connector/v1/mooncake/store/coordinator.py")
+
+
+@pytest.fixture(scope="module")
+def engine() -> EngineEnv:
+    env = EngineEnv(cache_root() / "engine-venv")
+    if not env.python.exists():
+        pytest.fail(f"no engine venv at {env.venv}: run `mooncake-operator sandbox prepare` first")
+    return env
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_engine_venv_matches_the_pins(engine: EngineEnv) -> None:
+    assert installation_problems(engine) == []
+
+
+def test_tiny_models_are_byte_identical_across_runs(engine: EngineEnv, tmp_path: Path) -> None:
+    generate_models(engine, tmp_path / "first")
+    generate_models(engine, tmp_path / "second")
+
+    first = json.loads((tmp_path / "first" / "manifest.json").read_text())
+    second = json.loads((tmp_path / "second" / "manifest.json").read_text())
+    assert first == second
+    assert set(first) == {
+        "target/config.json",
+        "target/model.safetensors",
+        "target/tokenizer.json",
+        "target/tokenizer_config.json",
+        "draft/config.json",
+        "draft/model.safetensors",
+    }
+    assert all(_digest(tmp_path / "first" / name) == digest for name, digest in first.items())
+
+
+def test_tiny_models_have_the_shapes_the_sandbox_relies_on(engine: EngineEnv, tmp_path: Path) -> None:
+    generate_models(engine, tmp_path / "models")
+    target = json.loads((tmp_path / "models" / "target" / "config.json").read_text())
+    draft = json.loads((tmp_path / "models" / "draft" / "config.json").read_text())
+    tokenizer = json.loads((tmp_path / "models" / "target" / "tokenizer.json").read_text())
+    tokenizer_config = json.loads((tmp_path / "models" / "target" / "tokenizer_config.json").read_text())
+
+    assert target["architectures"] == ["LlamaForCausalLM"]
+    assert (target["hidden_size"], target["num_hidden_layers"], target["vocab_size"]) == (128, 4, 2048)
+    assert draft["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert draft["num_hidden_layers"] == 1
+    assert draft["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert draft["vocab_size"] == draft["draft_vocab_size"] == target["vocab_size"]  # no d2t/t2d
+    assert len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) >= 2048
+    assert "add_generation_prompt" in tokenizer_config["chat_template"]
+
+
+def test_the_model_cache_is_keyed_by_the_generator(tmp_path: Path) -> None:
+    assert models_dir(tmp_path).name == hashlib.sha256(GENERATOR.read_bytes()).hexdigest()[:16]
+
+
+def test_overlays_are_buggy_and_patched_and_the_install_is_untouched(
+    engine: EngineEnv, tmp_path: Path
+) -> None:
+    installed = engine.vllm_package_dir()
+    before = _digest(installed / COORDINATOR)
+
+    buggy = prepare_engine(engine, EngineMode.BUGGY, tmp_path, log=print)
+    patched = prepare_engine(engine, EngineMode.PATCHED, tmp_path, log=print)
+
+    assert (buggy.patcher_status, patched.patcher_status) == ("buggy", "patched")
+    assert "pre-fix shape" in buggy.patcher_detail
+    assert _digest(installed / COORDINATOR) == before
+    assert patcher_status(engine, patcher_script(), installed)[0] == "fixed-upstream"
+    assert (buggy.vllm_dir / COORDINATOR).read_bytes() != (patched.vllm_dir / COORDINATOR).read_bytes()
+    # Everything but the coordinator is the installed package itself.
+    assert (buggy.vllm_dir / "__init__.py").resolve() == (installed / "__init__.py").resolve()
+    # A second call reuses the cached overlay.
+    again = prepare_engine(engine, EngineMode.BUGGY, tmp_path, log=lambda line: pytest.fail(line))
+    assert again.pythonpath == buggy.pythonpath

@@ -1,0 +1,127 @@
+"""`mooncake-operator sandbox`: arguments, the canary it runs, and the exit code of every outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mooncake_operator.canary import customer_request
+from mooncake_operator.cli import build_parser
+from mooncake_operator.commands import sandbox as command
+from mooncake_operator.sandbox import (
+    EngineMode,
+    MasterDownError,
+    Prepared,
+    ReplicaDiedError,
+    SandboxOptions,
+    SandboxSetupError,
+)
+from mooncake_operator.sandbox.engine_env import EngineEnv
+from mooncake_operator.sandbox.models import TinyModels
+
+pytestmark = pytest.mark.unit
+
+
+def _parse(*argv: str) -> Any:
+    return build_parser().parse_args(["sandbox", *argv])
+
+
+def test_defaults_run_the_patched_engine_on_two_eagle_replicas() -> None:
+    args = _parse()
+    assert (args.action, args.engine, args.replicas, args.no_speculative, args.json) == (
+        "run",
+        "patched",
+        2,
+        False,
+        False,
+    )
+
+
+def test_every_option_parses() -> None:
+    args = _parse("run", "--engine", "buggy", "--replicas", "3", "--no-speculative", "--json", "--keep-logs")
+    assert (args.engine, args.replicas, args.no_speculative, args.json, args.keep_logs) == (
+        "buggy",
+        3,
+        True,
+        True,
+        True,
+    )
+    assert _parse("prepare").action == "prepare"
+
+
+@pytest.mark.parametrize("argv", [["--replicas", "1"], ["--replicas", "x"], ["--engine", "fixed"], ["stop"]])
+def test_usage_errors_exit_3_not_2_which_means_inconclusive(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as caught:
+        _parse(*argv)
+    assert caught.value.code == command.ExitCode.SETUP_ERROR
+    assert "error:" in capsys.readouterr().err
+
+
+def test_one_replica_is_refused_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--replicas", "1")
+    assert "one writes the prefix, another reads it" in capsys.readouterr().err
+
+
+def test_canary_uses_the_customer_request_with_content_checks_off_and_the_exact_hit() -> None:
+    config = command.canary_config(["http://127.0.0.1:1", "http://127.0.0.1:2"], block_size=32, eagle=True)
+    assert config.request == customer_request()
+    assert config.expectations == []
+    assert (config.block_size, config.eagle, config.pairs) == (32, True, "ring")
+    assert config.expected_external_hit_tokens is None  # computed per pair from the prompt tokens
+
+
+@pytest.fixture
+def prepared(tmp_path: Path) -> Prepared:
+    return Prepared(cache=tmp_path, env=EngineEnv(tmp_path / "venv"), models=TinyModels(tmp_path), builds={})
+
+
+@pytest.mark.parametrize(
+    ("error", "code", "prefix"),
+    [
+        (SandboxSetupError("mooncake_master did not start"), 3, "setup error: "),
+        (MasterDownError("the Mooncake master is not running"), 3, "setup error: "),
+        (ReplicaDiedError("replica-B exited"), 1, "replica died: "),
+        (KeyboardInterrupt(), 130, "interrupted"),
+        (asyncio.CancelledError(), 143, "terminated"),
+    ],
+)
+def test_each_outcome_has_its_exit_code(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    prepared: Prepared,
+    error: BaseException,
+    code: int,
+    prefix: str,
+) -> None:
+    async def failing(*args: object) -> int:
+        raise error
+
+    monkeypatch.setattr(command, "_main", failing)
+
+    result = command.run_sandbox(
+        SandboxOptions(engine=EngineMode.BUGGY), prepared, as_json=True, isolated=True
+    )
+
+    outcome = json.loads(capsys.readouterr().out)
+    assert result == code == outcome["exit_code"]
+    assert outcome["error"].startswith(prefix)
+    assert (outcome["engine"], outcome["network_namespace"]) == ("buggy", True)
+
+
+def test_a_setup_error_during_prepare_exits_3(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def failing_prepare(*args: object, **kwargs: object) -> Prepared:
+        raise SandboxSetupError("pip install failed")
+
+    monkeypatch.setattr(command, "prepare", failing_prepare)
+
+    assert _parse("prepare").func(_parse("prepare")) == 3
+    assert "setup error: pip install failed" in capsys.readouterr().err
