@@ -369,3 +369,15 @@ def test_verify_refuses_to_vouch_for_a_coordinator_imported_from_elsewhere(tmp_p
     assert result.returncode == 3
     assert f"imported {elsewhere / COORDINATOR_RELPATH}" in result.stderr
     assert "prove nothing" in result.stderr
+
+
+def test_verify_fails_when_the_coordinator_cannot_run_the_scenarios(tmp_path: Path) -> None:
+    vllm = tmp_path / "vllm"
+    for package in [vllm, *[vllm / p for p in COORDINATOR_RELPATH.parents][:-1]]:
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text("")
+    (vllm / COORDINATOR_RELPATH).write_text("class MooncakeStoreCoordinator:\n    pass\n")
+    result = run_patcher(PYTHON, "verify", "--vllm-dir", str(vllm))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.count("  FAIL  ") == 3 and "raised" in result.stdout
+    assert "verify: FAILED" in result.stdout
