@@ -1,12 +1,15 @@
 """The operator, run exactly as the chart runs it and with nothing but the chart's ServiceAccount token,
-does its job on a real API server with RBAC on, and is refused what it does not need.
+does its whole job on a real API server with RBAC on, and is refused what it does not need.
 
 For each RBAC layout (a cluster-wide watch: ClusterRoles; a namespaced watch: a Role per namespace):
-`helm install` the chart, mint a token for its ServiceAccount (TokenRequest), start
+`helm install` the chart, mint a token for its ServiceAccount (TokenRequest), and start
 `mooncake-operator` with the Deployment's own arguments (ports moved to free loopback ones, a
-kubeconfig holding that token), create a MooncakeServing as an admin, and wait until the operator has
-added its finalizer, applied every child, written status and posted an event. Then the same token is
-tried on what the operator must not do.
+kubeconfig holding that token, the replicas mapped to loopback fake vLLM servers, short resync
+periods). Then, as an admin, create a MooncakeServing and play the kubelet, and watch the operator:
+add its finalizer, apply every child, write status, post events; fail the canary against a corrupting
+replica and hold that replica out of traffic (a pod label patch); pass it after a rerun, putting the
+replica back and storing the last good revision; remove its finalizer on delete. Its log must show no
+refusal. Finally the same token is tried on what the operator must not do.
 """
 
 from __future__ import annotations
@@ -27,18 +30,23 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
+from tests.cluster.operator_harness import FakeKubelet, serving, wait_for_phase
 from tests.support.apiserver import ControlPlane, free_port
 from tests.support.chart import CHART_DIR, Manifest, only, parse_manifests, run_helm
+from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator import api, render
-from mooncake_operator.examples import customer_deployment
 from mooncake_operator.kube import KubeClient
+from mooncake_operator.operator_settings import FINALIZER, RERUN_CANARY_ANNOTATION
+from mooncake_operator.reconcile.revisions import config_map_name
 
 MANAGER = "mooncake-chart-rbac-test"
 SERVING = "minimax-m25"
-FINALIZER = f"{api.GROUP}/finalizer"
 OPERATOR_START_TIMEOUT_S = 60.0
 RECONCILE_TIMEOUT_S = 60.0
+# Operator-level tuning the chart passes through operator.extraArgs; short, so the test is quick.
+FAST_RESYNC = ["--resync-seconds=1", "--retry-delay-seconds=0.5", "--inconclusive-retry-seconds=2"]
 
 
 @dataclass(frozen=True)
@@ -93,7 +101,9 @@ async def installed(
             await kube.delete("v1", "Namespace", name)
 
 
-def local_operator_argv(chart_args: list[str], kubeconfig: Path, liveness_port: int) -> list[str]:
+def local_operator_argv(
+    chart_args: list[str], kubeconfig: Path, liveness_port: int, extra: list[str]
+) -> list[str]:
     """The Deployment's arguments, with what only makes sense in a pod moved to this machine: probes on
     free loopback ports, credentials from a kubeconfig (the pod would use its mounted token)."""
     argv: list[str] = []
@@ -105,7 +115,7 @@ def local_operator_argv(chart_args: list[str], kubeconfig: Path, liveness_port: 
         else:
             argv.append(arg)
     assert argv[0] == "run", chart_args
-    return [sys.executable, "-m", "mooncake_operator", *argv, f"--kubeconfig={kubeconfig}"]
+    return [sys.executable, "-m", "mooncake_operator", *argv, f"--kubeconfig={kubeconfig}", *extra]
 
 
 @contextlib.contextmanager
@@ -145,14 +155,8 @@ def wait_for_liveness(process: subprocess.Popen[bytes], port: int, log_path: Pat
     raise AssertionError(f"no /healthz within {OPERATOR_START_TIMEOUT_S}s:\n{operator_log(log_path)}")
 
 
-def serving_in(namespace: str) -> dict[str, Any]:
-    obj = customer_deployment().to_wire()
-    obj["metadata"] = {"name": SERVING, "namespace": namespace}
-    return obj
-
-
 def expected_children(namespace: str) -> list[tuple[str, str, str]]:
-    resource = api.parse_resource(serving_in(namespace))
+    resource = api.parse_resource(serving(namespace, SERVING))
     return [
         (m["apiVersion"], m["kind"], m["metadata"]["name"])
         for m in render.render_all(resource, owner_uid=None)
@@ -162,17 +166,17 @@ def expected_children(namespace: str) -> list[tuple[str, str, str]]:
 async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
     """What is still missing of the operator's work on the MooncakeServing (empty: all done)."""
     missing = []
-    serving = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
-    if FINALIZER not in (serving["metadata"].get("finalizers") or []):
+    resource = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
+    if FINALIZER not in (resource["metadata"].get("finalizers") or []):
         missing.append("finalizer")
-    status = serving.get("status") or {}
+    status = resource.get("status") or {}
     if not status.get("phase") or not status.get("conditions"):
         missing.append("status")
     for api_version, kind, name in expected_children(namespace):
         child = await kube.get_or_none(api_version, kind, name, namespace)
         if child is None:
             missing.append(f"{kind}/{name}")
-        elif child["metadata"]["ownerReferences"][0]["uid"] != serving["metadata"]["uid"]:
+        elif child["metadata"]["ownerReferences"][0]["uid"] != resource["metadata"]["uid"]:
             missing.append(f"owner reference of {kind}/{name}")
     events = await kube.list("v1", "Event", namespace, field_selector=f"involvedObject.name={SERVING}")
     if not [e for e in events if (e.get("source") or {}).get("component") == "mooncake-operator"]:
@@ -254,28 +258,62 @@ def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, A
     return requests
 
 
+async def phase_reached(kube: KubeClient, namespace: str, phase: str, log_path: Path) -> dict[str, Any]:
+    try:
+        return await wait_for_phase(kube, namespace, phase, SERVING, timeout=RECONCILE_TIMEOUT_S)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\noperator log:\n{operator_log(log_path)}") from None
+
+
+async def traffic_label(kube: KubeClient, namespace: str, pod: str) -> str | None:
+    labels = (await kube.get("v1", "Pod", pod, namespace))["metadata"].get("labels") or {}
+    value: str | None = labels.get(render.TRAFFIC_LABEL)
+    return value
+
+
 async def test_operator_under_the_charts_service_account_does_its_job_and_nothing_more(
     kube_cluster: ControlPlane, kube: KubeClient, installed: Installed, tmp_path: Path
 ) -> None:
+    namespace = installed.serving_namespace
     token = kube_cluster.service_account_token(installed.namespace, installed.service_account)
     kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "operator.kubeconfig", token, "operator")
     liveness_port = free_port()
     log_path = tmp_path / "operator.log"
-    argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port)
+    replica = f"{render.ChildNames.of(SERVING).replicas}-1"
 
-    with running_operator(argv, log_path, liveness_port):
-        await kube.create(serving_in(installed.serving_namespace))
-        await wait_until_reconciled(kube, installed.serving_namespace, log_path)
-        # Deleting needs the operator too: it removes its finalizer (children go with the garbage collector).
-        await kube.delete(api.API_VERSION, api.KIND, SERVING, installed.serving_namespace)
-        await wait_until_deleted(kube, installed.serving_namespace, log_path)
+    # Replica 1 corrupts answers computed from a loaded prefix: the canary must fail and blame it.
+    with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.US_EAST]) as fakes:
+        endpoints = tmp_path / "endpoints.yaml"
+        endpoints.write_text(yaml.safe_dump({f"{namespace}/{SERVING}": fakes.urls}))
+        extra = [f"--replica-endpoints={endpoints}", *FAST_RESYNC]
+        argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port, extra)
+        with running_operator(argv, log_path, liveness_port):
+            await kube.create(serving(namespace, SERVING))
+            await wait_until_reconciled(kube, namespace, log_path)
+            async with FakeKubelet(kube, namespace):
+                failed = await phase_reached(kube, namespace, "CanaryFailed", log_path)
+                assert failed["status"]["outOfTraffic"] == [replica]
+                assert await traffic_label(kube, namespace, replica) == render.TRAFFIC_OFF
+
+                fakes[1].mode = Mode.CORRECT
+                rerun = {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "after-fix"}}}
+                await kube.patch_merge(api.API_VERSION, api.KIND, SERVING, rerun, namespace)
+                ready = await phase_reached(kube, namespace, "Ready", log_path)
+                assert ready["status"]["canary"]["verdict"] == "Passed"
+                assert ready["status"]["outOfTraffic"] == []
+                assert await traffic_label(kube, namespace, replica) == render.TRAFFIC_ON
+                assert await kube.get_or_none("v1", "ConfigMap", config_map_name(SERVING), namespace)
+
+            # Deleting needs the operator too: it removes its finalizer (the garbage collector, the children).
+            await kube.delete(api.API_VERSION, api.KIND, SERVING, namespace)
+            await wait_until_deleted(kube, namespace, log_path)
     log = operator_log(log_path)
     assert not re.search(r"\b403\b|forbidden", log, flags=re.IGNORECASE), f"refused at work:\n{log}"
 
     with kube_cluster.client(token=token) as as_operator:
-        refused = []
+        allowed = []
         for method, path, body in forbidden_requests(installed):
             response = as_operator.request(method, path, json=body)
             if response.status_code != 403:
-                refused.append(f"{method} {path}: HTTP {response.status_code}")
-    assert not refused, f"the chart's ServiceAccount may do more than it needs: {refused}"
+                allowed.append(f"{method} {path}: HTTP {response.status_code}")
+    assert not allowed, f"the chart's ServiceAccount may do more than it needs: {allowed}"
