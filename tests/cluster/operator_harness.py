@@ -1,0 +1,279 @@
+"""What the operator's cluster tests share: the CRD, a small resource, a stand-in kubelet, the operator.
+
+Pods never run here (no scheduler, no kubelet). `FakeKubelet` plays the kubelet's part the operator can
+see: it marks pods Running and Ready (or not), and can bump a container's restart count. The replicas
+the canary talks to are loopback fake vLLM servers (tests.support.fake_vllm), mapped to the resource
+through the operator's replica-endpoint setting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kopf.testing import KopfRunner
+from tests.support.apiserver import ControlPlane
+from tests.support.fake_vllm import FakeCluster, Mode
+
+from mooncake_operator import api, crd, render
+from mooncake_operator.handlers import RuntimeHolder, build_registry
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
+from mooncake_operator.operator_settings import OperatorSettings
+from mooncake_operator.reconcile import Runtime
+
+T = TypeVar("T")
+TEST_MANAGER = "operator-tests"
+CHILD_KINDS = (
+    ("v1", "ConfigMap"),
+    ("v1", "Service"),
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+)
+
+
+async def install_crd(kube: KubeClient) -> None:
+    """Apply the generated CRD and wait until the API serves the resource."""
+    await kube.apply(crd.custom_resource_definition(), field_manager=TEST_MANAGER)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = await kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", crd.CRD_NAME)
+        conditions = (found.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"CRD {crd.CRD_NAME} not established in 30s")
+
+
+def serving(namespace: str, name: str = "demo", **spec_changes: Any) -> dict[str, Any]:
+    """A small valid MooncakeServing whose canary matches the fake replicas (block 32, Eagle-3)."""
+    spec: dict[str, Any] = {
+        "model": {"name": "MiniMaxAI/MiniMax-M2.5", "revision": "r1"},
+        "engine": {"image": "registry.invalid/vllm-mooncake:fixed", "blockSize": 32},
+        "speculative": {"method": "eagle3", "model": "draft/eagle3", "revision": "d1"},
+        "replicas": 2,
+        "store": {"globalSegmentSize": "1GB", "localBufferSize": "512MB"},
+        "canary": {"timeoutSeconds": 10},
+    }
+    for key, value in spec_changes.items():
+        if isinstance(value, dict) and isinstance(spec.get(key), dict):
+            spec[key] = {**spec[key], **value}
+        else:
+            spec[key] = value
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pod_status(pod: dict[str, Any], *, ready: bool, restarts: int = 0) -> dict[str, Any]:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    flag = "True" if ready else "False"
+    containers = (pod.get("spec") or {}).get("containers") or []
+    return {
+        "phase": "Running",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": now},
+            {"type": "ContainersReady", "status": flag, "lastTransitionTime": now},
+            {"type": "Ready", "status": flag, "lastTransitionTime": now},
+        ],
+        "containerStatuses": [
+            {
+                "name": container["name"],
+                "image": container["image"],
+                "imageID": "",
+                "ready": ready,
+                "restartCount": restarts,
+                "started": ready,
+                "state": {"running": {"startedAt": now}},
+            }
+            for container in containers
+        ],
+    }
+
+
+@dataclass
+class FakeKubelet:
+    """Marks the namespace's pods Ready, except those `hold` names; runs as a background task.
+
+    With `modes_by_image`, it also makes fake replica i behave as the image of pod NAME-replica-<i>
+    says (e.g. a buggy engine image corrupts warm answers), so a rollout or a rollback changes what the
+    canary sees exactly when the pods change.
+    """
+
+    kube: KubeClient
+    namespace: str
+    hold: set[str] = field(default_factory=set)
+    fakes: FakeCluster | None = None
+    modes_by_image: dict[str, Mode] = field(default_factory=dict)
+    resource: str = "demo"
+    period_s: float = 0.1
+    _task: asyncio.Task[None] | None = None
+
+    def _follow_image(self, pod: dict[str, Any]) -> None:
+        prefix = f"{self.resource}-replica-"
+        name = pod["metadata"]["name"]
+        if self.fakes is None or not self.modes_by_image or not name.startswith(prefix):
+            return
+        ordinal = int(name.removeprefix(prefix))
+        image = pod["spec"]["containers"][0]["image"]
+        if ordinal < len(self.fakes):
+            self.fakes[ordinal].mode = self.modes_by_image.get(image, Mode.CORRECT)
+
+    async def mark(self, pod: dict[str, Any], *, ready: bool, restarts: int = 0) -> None:
+        name = pod["metadata"]["name"]
+        await self.kube.patch_status(
+            "v1", "Pod", name, pod_status(pod, ready=ready, restarts=restarts), self.namespace
+        )
+
+    async def step(self) -> None:
+        for pod in await self.kube.list("v1", "Pod", self.namespace):
+            if pod["metadata"].get("deletionTimestamp") or pod["metadata"]["name"] in self.hold:
+                continue
+            self._follow_image(pod)
+            if not is_ready(pod):
+                with contextlib.suppress(KubeApiError):  # the pod was replaced meanwhile
+                    await self.mark(pod, ready=True)
+
+    async def _loop(self) -> None:
+        while True:
+            await self.step()
+            await asyncio.sleep(self.period_s)
+
+    async def restart_container(self, pod_name: str) -> None:
+        """What a crashed and restarted container looks like: the restart count goes up."""
+        pod = await self.kube.get("v1", "Pod", pod_name, self.namespace)
+        restarts = sum(int(s.get("restartCount", 0)) for s in pod["status"].get("containerStatuses") or [])
+        await self.mark(pod, ready=True, restarts=restarts + 1)
+
+    async def __aenter__(self) -> FakeKubelet:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def operator_settings(plane: ControlPlane, namespace: str, **changes: Any) -> OperatorSettings:
+    base = OperatorSettings(
+        namespaces=(namespace,),
+        kube=KubeConfig(server=plane.server, token=plane.admin_token, ca_path=plane.ca_path),
+        liveness_port=0,
+        metrics_port=0,
+        resync_seconds=1.0,
+        retry_delay_seconds=0.5,
+        inconclusive_retry_seconds=2.0,
+        request_timeout_seconds=10.0,
+        watch_timeout_seconds=30.0,
+    )
+    return replace(base, **changes)
+
+
+@dataclass
+class RunningOperator:
+    holder: RuntimeHolder
+    runner: KopfRunner
+
+    @property
+    def runtime(self) -> Runtime:
+        return self.holder.get()
+
+    def writes(self) -> int:
+        return self.runtime.kube.counts.writes
+
+
+@contextlib.contextmanager
+def run_operator(settings: OperatorSettings) -> Iterator[RunningOperator]:
+    """kopf's KopfRunner with this operator's registry; waits until the runtime exists."""
+    holder = RuntimeHolder()
+    args = ["run", "--standalone", *(f"--namespace={ns}" for ns in settings.namespaces)]
+    with KopfRunner(args, registry=build_registry(settings, holder), timeout=60) as runner:
+        deadline = time.monotonic() + 30
+        while holder.runtime is None:
+            if runner.future.done() or time.monotonic() > deadline:
+                raise AssertionError(f"the operator did not start: {runner.future.result().output[-3000:]}")
+            time.sleep(0.05)
+        yield RunningOperator(holder, runner)
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T | None]], *, within: float = 30.0, what: str = "condition"
+) -> T:
+    """Polls `probe` until it returns something truthy; fails with `what` after `within` seconds."""
+    deadline = time.monotonic() + within
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = await probe()
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
+
+
+async def get_serving(kube: KubeClient, namespace: str, name: str = "demo") -> dict[str, Any]:
+    return await kube.get(api.API_VERSION, api.KIND, name, namespace)
+
+
+async def wait_for_phase(
+    kube: KubeClient, namespace: str, phase: str, name: str = "demo", within: float = 30.0
+) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        body = await get_serving(kube, namespace, name)
+        return body if (body.get("status") or {}).get("phase") == phase else None
+
+    try:
+        return await eventually(probe, within=within, what=f"phase {phase}")
+    except AssertionError as error:
+        body = await get_serving(kube, namespace, name)
+        raise AssertionError(f"{error}\nstatus: {body.get('status')}") from None
+
+
+def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in body["status"]["conditions"] if c["type"] == type_)
+
+
+async def children(kube: KubeClient, namespace: str, name: str = "demo") -> dict[str, dict[str, Any]]:
+    """Every object labelled as this resource's, by "Kind/name" (pods and events excluded)."""
+    found = {}
+    selector = f"{render.LABEL_INSTANCE}={name}"
+    for api_version, kind in CHILD_KINDS:
+        for item in await kube.list(api_version, kind, namespace, label_selector=selector):
+            found[f"{kind}/{item['metadata']['name']}"] = item
+    return found
+
+
+async def replica_pods(kube: KubeClient, namespace: str, name: str = "demo") -> list[dict[str, Any]]:
+    selector = f"{render.LABEL_INSTANCE}={name},{render.LABEL_COMPONENT}={render.COMPONENT_REPLICA}"
+    pods = await kube.list("v1", "Pod", namespace, label_selector=selector)
+    return sorted(pods, key=lambda pod: pod["metadata"]["name"])
+
+
+async def events(kube: KubeClient, namespace: str, name: str = "demo") -> list[dict[str, Any]]:
+    items = await kube.list("v1", "Event", namespace)
+    mine = [
+        e
+        for e in items
+        if e["involvedObject"].get("kind") == api.KIND and e["involvedObject"]["name"] == name
+    ]
+    # Creation order: etcd revisions grow (timestamps have one-second resolution).
+    return sorted(mine, key=lambda e: int(e["metadata"]["resourceVersion"]))
+
+
+def deep(obj: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(obj)

@@ -1,0 +1,396 @@
+"""The operator (kopf, KopfRunner) against a real API server: rollout, canary gate, failure, rollback,
+invalid input, restart, deletion, and a resync that writes nothing.
+
+Replica pods are created by the real StatefulSet controller and made Ready by `FakeKubelet`; the canary
+talks to loopback fake vLLM replicas mapped to the resource through the operator's endpoint setting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from tests.cluster.operator_harness import (
+    FakeKubelet,
+    children,
+    condition,
+    events,
+    eventually,
+    get_serving,
+    install_crd,
+    operator_settings,
+    replica_pods,
+    run_operator,
+    serving,
+    wait_for_phase,
+)
+from tests.support.apiserver import ControlPlane
+from tests.support.fake_vllm import FakeCluster, Mode
+
+from mooncake_operator import api, render
+from mooncake_operator.kube import KubeClient
+from mooncake_operator.operator_settings import FINALIZER, RERUN_CANARY_ANNOTATION
+from mooncake_operator.reconcile.revisions import config_map_name
+
+RENDERED_CHILDREN = 6
+
+
+@pytest.fixture
+async def crd(kube: KubeClient) -> AsyncIterator[None]:
+    await install_crd(kube)
+    yield
+
+
+@pytest.fixture
+def fakes() -> Iterator[FakeCluster]:
+    with FakeCluster.start(2) as cluster:
+        yield cluster
+
+
+def settings_for(plane: ControlPlane, namespace: str, fakes: FakeCluster, **changes: Any) -> Any:
+    endpoints = {f"{namespace}/demo": tuple(fakes.urls)}
+    return operator_settings(plane, namespace, replica_endpoints=endpoints, **changes)
+
+
+def canary_posts(fakes: FakeCluster) -> int:
+    return sum(len(replica.requests_to("/v1/chat/completions")) for replica in fakes.replicas)
+
+
+async def rendered_children(kube: KubeClient, namespace: str) -> dict[str, dict[str, Any]] | None:
+    found = await children(kube, namespace)
+    rendered = {key: item for key, item in found.items() if not key.endswith(config_map_name("demo"))}
+    return rendered if len(rendered) == RENDERED_CHILDREN else None
+
+
+async def test_create_applies_owned_children_and_the_canary_gates_ready(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        created = await kube.create(serving(namespace))
+        uid = created["metadata"]["uid"]
+        found = await eventually(lambda: rendered_children(kube, namespace), what="six children")
+        assert sorted(found) == [
+            "ConfigMap/demo-store-config",
+            "Deployment/demo-master",
+            "Service/demo",
+            "Service/demo-master",
+            "Service/demo-replicas",
+            "StatefulSet/demo-replica",
+        ]
+        for key, child in found.items():
+            owners = child["metadata"]["ownerReferences"]
+            assert [(o["kind"], o["name"], o["uid"], o["controller"]) for o in owners] == [
+                (api.KIND, "demo", uid, True)
+            ], key
+        # No kubelet yet: nothing is ready, nothing is proven.
+        waiting = await wait_for_phase(kube, namespace, "Deploying")
+        assert condition(waiting, "Ready")["status"] == "False"
+        assert condition(waiting, "CanaryPassed")["reason"] == "CanaryPending"
+        assert canary_posts(fakes) == 0
+        assert FINALIZER in waiting["metadata"]["finalizers"]
+
+        async with FakeKubelet(kube, namespace):
+            ready = await wait_for_phase(kube, namespace, "Ready")
+        status = ready["status"]
+        assert [(c["type"], c["status"]) for c in status["conditions"]] == [
+            ("MasterReady", "True"),
+            ("ReplicasReady", "True"),
+            ("CanaryPassed", "True"),
+            ("Ready", "True"),
+        ]
+        assert status["observedGeneration"] == ready["metadata"]["generation"]
+        assert status["replicas"] == {"desired": 2, "ready": 2}
+        canary = status["canary"]
+        assert canary["verdict"] == "Passed"
+        assert [(p["writer"], p["reader"], p["verdict"]) for p in canary["pairs"]] == [
+            ("demo-replica-0", "demo-replica-1", "Passed"),
+            ("demo-replica-1", "demo-replica-0", "Passed"),
+        ]
+        # The customer's prompt on the fake tokenizer, block 32, Eagle: the reader loads every full
+        # block but the last one.
+        for pair in canary["pairs"]:
+            assert pair["externalHitTokens"] == pair["expectedExternalHitTokens"] > 0
+            assert pair["answersEqual"] is True
+        assert canary["externalHitTokens"] == sum(p["externalHitTokens"] for p in canary["pairs"])
+        assert status["lastGoodRevision"] == status["servingRevision"] == status["desiredRevision"]
+        assert canary["target"]["revision"] == status["servingRevision"]
+        assert status["outOfTraffic"] == []
+        last_good = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
+        assert last_good["metadata"]["ownerReferences"][0]["uid"] == uid
+        reasons = [event["reason"] for event in await events(kube, namespace)]
+        assert {"Deploying", "CanaryRunning", "Ready"} <= set(reasons)
+        assert canary_posts(fakes) == 4  # one run: two pairs, a cold and a warm request each
+
+
+async def ready_resource(kube: KubeClient, namespace: str, **spec_changes: Any) -> dict[str, Any]:
+    await kube.create(serving(namespace, **spec_changes))
+    return await wait_for_phase(kube, namespace, "Ready")
+
+
+async def patch_spec(kube: KubeClient, namespace: str, spec: dict[str, Any]) -> None:
+    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", {"spec": spec}, namespace)
+
+
+async def annotate(kube: KubeClient, namespace: str, key: str, value: str) -> None:
+    patch = {"metadata": {"annotations": {key: value}}}
+    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+
+
+def traffic_labels(pods: list[dict[str, Any]]) -> dict[str, str | None]:
+    return {pod["metadata"]["name"]: pod["metadata"]["labels"].get(render.TRAFFIC_LABEL) for pod in pods}
+
+
+def selected_by(service: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
+    """The pods a Service routes to: those whose labels hold its whole selector."""
+    selector = service["spec"]["selector"]
+    return [
+        pod["metadata"]["name"]
+        for pod in pods
+        if all(pod["metadata"]["labels"].get(key) == value for key, value in selector.items())
+    ]
+
+
+async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until_a_canary_passes(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    fakes[1].mode = Mode.US_EAST  # replica 1 corrupts answers computed from a loaded prefix
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        async with FakeKubelet(kube, namespace):
+            await kube.create(serving(namespace))
+            failed = await wait_for_phase(kube, namespace, "CanaryFailed")
+            status = failed["status"]
+            assert condition(failed, "CanaryPassed")["reason"] == "CanaryFailed"
+            ready = condition(failed, "Ready")
+            assert (ready["status"], ready["reason"]) == ("False", "CanaryFailed")
+            assert "us-east" in ready["message"]
+            pairs = status["canary"]["pairs"]
+            assert [(p["reader"], p["verdict"]) for p in pairs] == [
+                ("demo-replica-1", "Failed"),
+                ("demo-replica-0", "Passed"),
+            ]
+            assert pairs[0]["answersEqual"] is False
+            assert pairs[0]["firstMismatch"]["warm"] != pairs[0]["firstMismatch"]["cold"]
+            assert any("us-east" in violation for violation in pairs[0]["violations"])
+            assert status["outOfTraffic"] == ["demo-replica-1"]
+            assert "lastGoodRevision" not in status
+
+            async def held() -> list[dict[str, Any]] | None:
+                pods = await replica_pods(kube, namespace)
+                return (
+                    pods
+                    if traffic_labels(pods) == {"demo-replica-0": "on", "demo-replica-1": "off"}
+                    else None
+                )
+
+            pods = await eventually(held, what="replica 1 labelled traffic=off")
+            client = await kube.get("v1", "Service", "demo", namespace)
+            assert selected_by(client, pods) == ["demo-replica-0"]
+            headless = await kube.get("v1", "Service", "demo-replicas", namespace)
+            assert selected_by(headless, pods) == ["demo-replica-0", "demo-replica-1"]
+            warnings = [e for e in await events(kube, namespace) if e["type"] == "Warning"]
+            assert [e["reason"] for e in warnings] == ["CanaryFailed"]
+
+            # Fixed (say, by hand), then a re-run asked for: the replica is proven and gets traffic back.
+            fakes[1].mode = Mode.CORRECT
+            await annotate(kube, namespace, RERUN_CANARY_ANNOTATION, "after-fix")
+            recovered = await wait_for_phase(kube, namespace, "Ready")
+            assert recovered["status"]["outOfTraffic"] == []
+            assert recovered["status"]["canary"]["target"]["rerun"] == "after-fix"
+
+            async def restored() -> bool:
+                labels = traffic_labels(await replica_pods(kube, namespace))
+                return labels == {"demo-replica-0": "on", "demo-replica-1": "on"}
+
+            await eventually(restored, what="traffic restored")
+
+
+async def test_rollback_restores_the_last_good_revision_and_proves_it_again(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    buggy = "registry.invalid/vllm-mooncake:buggy"
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        async with FakeKubelet(kube, namespace, fakes=fakes, modes_by_image={buggy: Mode.DOUBLE_PRUNE}):
+            first = await ready_resource(
+                kube, namespace, canary={"timeoutSeconds": 10, "onFailure": "Rollback"}
+            )
+            good = first["status"]["servingRevision"]
+            await patch_spec(kube, namespace, {"engine": {"image": buggy}})
+
+            async def rolled_back() -> dict[str, Any] | None:
+                body = await get_serving(kube, namespace)
+                ready = condition(body, "Ready")
+                return body if ready["reason"] == "RolledBack" else None
+
+            body = await eventually(rolled_back, within=60, what="Ready reason RolledBack")
+        status = body["status"]
+        assert status["phase"] == "Degraded"
+        assert status["servingRevision"] == status["lastGoodRevision"] == good
+        assert status["failedRevision"] == status["desiredRevision"] != good
+        assert condition(body, "CanaryPassed")["status"] == "True"  # the restored revision passed again
+        assert status["canary"]["target"]["revision"] == good
+        assert status["outOfTraffic"] == []
+        # The user's spec is untouched; the children run the last good one.
+        assert body["spec"]["engine"]["image"] == buggy
+        replicas = await kube.get("apps/v1", "StatefulSet", "demo-replica", namespace)
+        assert replicas["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":fixed")
+        reasons = [e["reason"] for e in await events(kube, namespace)]
+        assert "RollingBack" in reasons and "RolledBack" in reasons
+        # The failed run was recorded before the rollback: three runs in all (good, buggy, restored).
+        assert canary_posts(fakes) == 12
+
+
+async def test_spec_change_rolls_out_and_runs_the_canary_again(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        async with FakeKubelet(kube, namespace):
+            first = await ready_resource(kube, namespace)
+            before = {
+                pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in await replica_pods(kube, namespace)
+            }
+            await patch_spec(kube, namespace, {"engine": {"image": "registry.invalid/vllm-mooncake:fixed-2"}})
+
+            async def proven_again() -> dict[str, Any] | None:
+                body = await get_serving(kube, namespace)
+                status = body["status"]
+                fresh = status.get("phase") == "Ready" and status["observedGeneration"] == 2
+                return body if fresh and status["canary"]["target"]["generation"] == 2 else None
+
+            second = await eventually(proven_again, within=60, what="Ready at generation 2")
+        assert second["status"]["servingRevision"] != first["status"]["servingRevision"]
+        assert second["status"]["lastGoodRevision"] == second["status"]["servingRevision"]
+        after = {
+            pod["metadata"]["name"]: pod["metadata"]["uid"] for pod in await replica_pods(kube, namespace)
+        }
+        assert set(after) == set(before) and not set(after.values()) & set(before.values())
+        target_pods = second["status"]["canary"]["target"]["replicaPods"]
+        assert target_pods == [f"{name}={uid}" for name, uid in sorted(after.items())]
+        assert canary_posts(fakes) == 8
+        replicas = await kube.get("apps/v1", "StatefulSet", "demo-replica", namespace)
+        assert replicas["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":fixed-2")
+
+
+async def test_an_invalid_resource_is_reported_and_nothing_is_applied(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    with run_operator(settings_for(kube_cluster, namespace, fakes)) as operator:
+        # The CRD schema admits these; the model's rules do not.
+        await kube.create(serving(namespace, engine={"extraArgs": ["--model=other"]}))
+        invalid = await wait_for_phase(kube, namespace, "Invalid")
+        ready = condition(invalid, "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+        assert ready["message"] == (
+            "the spec is invalid: spec.engine: engine.extraArgs must not contain --model: "
+            "it is set from model.name"
+        )
+        others = {condition(invalid, t)["status"] for t in ("MasterReady", "ReplicasReady", "CanaryPassed")}
+        assert others == {"Unknown"}
+
+        # Another problem: the status and a new Warning event say so.
+        await patch_spec(kube, namespace, {"replicas": 1, "engine": {"extraArgs": []}})
+
+        async def second_problem() -> list[dict[str, Any]] | None:
+            warnings = await _warnings(kube, namespace)
+            return warnings if len(warnings) == 2 else None
+
+        warnings = await eventually(second_problem, what="a second Warning event")
+        assert [(e["reason"], e["type"]) for e in warnings] == [("InvalidSpec", "Warning")] * 2
+        assert "replicas is 1 but the canary needs at least 2 replicas" in warnings[1]["message"]
+        assert await children(kube, namespace) == {}
+        assert operator.runtime.kube.counts.by_verb["apply"] == 0
+
+        # Fixed: the same resource rolls out.
+        await patch_spec(kube, namespace, {"replicas": 2})
+        await eventually(lambda: rendered_children(kube, namespace), what="children after the fix")
+
+
+async def _warnings(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    return [e for e in await events(kube, namespace) if e["type"] == "Warning"]
+
+
+async def test_an_operator_restarted_mid_rollout_resumes_without_duplicating_anything(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    settings = settings_for(kube_cluster, namespace, fakes)
+    with run_operator(settings):
+        await kube.create(serving(namespace))
+        await eventually(lambda: rendered_children(kube, namespace), what="children")
+        await wait_for_phase(kube, namespace, "Deploying")
+    # The operator is down while the pods become ready.
+    async with FakeKubelet(kube, namespace):
+        await eventually(lambda: _all_pods_ready(kube, namespace), what="pods ready")
+        with run_operator(settings) as operator:
+            ready = await wait_for_phase(kube, namespace, "Ready")
+            # The rendered children were already applied; the one apply records the proven revision.
+            assert operator.runtime.kube.counts.by_verb["apply"] == 1
+    found = await children(kube, namespace)
+    assert len(found) == RENDERED_CHILDREN + 1  # and the last-good ConfigMap
+    assert len(await kube.list("v1", "Pod", namespace)) == 3  # one master, two replicas
+    assert [p["metadata"]["name"] for p in await replica_pods(kube, namespace)] == [
+        "demo-replica-0",
+        "demo-replica-1",
+    ]
+    assert canary_posts(fakes) == 4  # exactly one canary run
+    assert ready["status"]["canary"]["verdict"] == "Passed"
+
+
+async def _all_pods_ready(kube: KubeClient, namespace: str) -> bool:
+    pods = await kube.list("v1", "Pod", namespace)
+    return len(pods) == 3 and all(
+        any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (p.get("status") or {}).get("conditions") or []
+        )
+        for p in pods
+    )
+
+
+async def test_deleting_the_resource_removes_every_child(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        async with FakeKubelet(kube, namespace):
+            await ready_resource(kube, namespace)
+        assert len(await children(kube, namespace)) == RENDERED_CHILDREN + 1
+        await kube.delete(api.API_VERSION, api.KIND, "demo", namespace)
+
+        async def gone() -> bool:
+            resource = await kube.get_or_none(api.API_VERSION, api.KIND, "demo", namespace)
+            pods = await kube.list("v1", "Pod", namespace)
+            return resource is None and not await children(kube, namespace) and not pods
+
+        await eventually(gone, within=60, what="the resource, its children and their pods to be gone")
+
+
+async def test_a_resync_with_nothing_to_change_writes_nothing_even_across_a_restart(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    settings = settings_for(kube_cluster, namespace, fakes)
+    async with FakeKubelet(kube, namespace):
+        with run_operator(settings) as operator:
+            await ready_resource(kube, namespace)
+            counts = operator.runtime.kube.counts.snapshot()
+            reconciles = _reconciles(operator)
+            await eventually(lambda: _more_reconciles(operator, reconciles + 3), what="three resyncs")
+            idle = operator.runtime.kube.counts.since(counts)
+            assert idle.writes == 0, idle.by_verb
+            assert idle.reads > 0
+        with run_operator(settings) as restarted:
+            await eventually(lambda: _more_reconciles(restarted, 3), what="resume and two resyncs")
+            assert restarted.runtime.kube.counts.writes == 0, restarted.runtime.kube.counts.by_verb
+    assert canary_posts(fakes) == 4
+
+
+def _reconciles(operator: Any) -> float:
+    registry = operator.runtime.metrics.registry
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name == "mooncake_operator_reconciles_total"
+    )
+
+
+async def _more_reconciles(operator: Any, at_least: float) -> bool:
+    return _reconciles(operator) >= at_least
