@@ -203,6 +203,8 @@ def run_operator(settings: OperatorSettings) -> Iterator[RunningOperator]:
     """kopf's KopfRunner with this operator's registry; waits until the runtime exists."""
     holder = RuntimeHolder()
     args = ["run", "--standalone", *(f"--namespace={ns}" for ns in settings.namespaces)]
+    if settings.liveness_endpoint:
+        args.append(f"--liveness={settings.liveness_endpoint}")
     with KopfRunner(args, registry=build_registry(settings, holder), timeout=60) as runner:
         deadline = time.monotonic() + 30
         while holder.runtime is None:
