@@ -55,9 +55,10 @@ SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 # The caller's own interpreter settings must not leak into the engine's python.
-# The master forgets a store client that misses heartbeats for client_ttl seconds (default 10) and
-# unmounts its segment; on a loaded 2-core machine an engine's heartbeat thread can starve that long.
-MASTER_EXTRA_ARGS = ("-client_ttl=60",)
+# A stopped replica's store segment stays mounted until the master misses its heartbeats for
+# client_ttl seconds (mooncake_master's default, which production and the sandbox keep); until then
+# the master may still place new blocks in it or serve reads from it, and those transfers fail.
+MASTER_CLIENT_TTL_S = 10.0
 _DROPPED_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "MOONCAKE_CONFIG_PATH")
 _POLL_S = 0.5
 T = TypeVar("T")
@@ -72,6 +73,8 @@ class SandboxOptions:
     run_dir: Path | None = None  # default: a fresh temporary directory
     startup_timeout_s: float = 900.0
     stop_grace_s: float = 10.0
+    # After a restart, until the master has dropped the replaced processes' store segments.
+    segment_drop_wait_s: float = MASTER_CLIENT_TTL_S + 2.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -127,6 +130,7 @@ class Replica:
     process: ManagedProcess | None = None
     launch: EngineLaunch | None = None
     restarts: int = 0
+    stopped_at: float | None = None  # time.monotonic() when its last process was stopped
 
     @property
     def name(self) -> str:
@@ -177,7 +181,6 @@ class Sandbox:
         spec = sandbox_spec(speculative=speculative)
         lines = describe_substitutions(spec, substitutions_for(self.prepared.models, speculative=speculative))
         lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
-        lines += [f"mooncake_master {arg} (sandbox only; default 10 s)" for arg in MASTER_EXTRA_ARGS]
         lines += [f"env {key}={value} (sandbox only)" for key, value in SANDBOX_RUNTIME_ENV.items()]
         for replica in self.replicas:
             build = self.prepared.builds[replica.engine]
@@ -236,12 +239,14 @@ class Sandbox:
             )
             self._launch(replica)
         await self._wait_healthy(chosen)
+        await self._wait_for_old_segments(chosen)
 
     def stop_replica(self, index: int) -> None:
         replica = self.replicas[index]
         if replica.process is not None:
             stop_processes([replica.process], grace_s=self.options.stop_grace_s)
             replica.process = None
+            replica.stopped_at = time.monotonic()
 
     def stop(self) -> list[str]:
         """Stop everything (idempotent). Returns teardown problems; empty when all processes are gone."""
@@ -307,7 +312,6 @@ class Sandbox:
             metrics_port=self.master_metrics_port,
             executable=str(self.prepared.env.mooncake_master),
         )
-        argv = (*argv, *MASTER_EXTRA_ARGS)
         self.progress.phase(f"starting mooncake_master on {self.master_address}")
         self.master = ManagedProcess.start(
             "mooncake-master",
@@ -378,6 +382,16 @@ class Sandbox:
         self.progress.phase(
             f"{', '.join(r.name for r in replicas)} healthy after {time.monotonic() - started:.1f} s"
         )
+
+    async def _wait_for_old_segments(self, replicas: list[Replica]) -> None:
+        """Return only once the master has dropped the segments of the processes just replaced."""
+        stopped = [r.stopped_at for r in replicas if r.stopped_at is not None]
+        if not stopped:
+            return
+        remaining = max(stopped) + self.options.segment_drop_wait_s - time.monotonic()
+        if remaining > 0:
+            self.progress.phase(f"waiting {remaining:.0f} s for the master to drop the old store segments")
+            await asyncio.sleep(remaining)
 
     def _check_starting(self, replicas: list[Replica]) -> None:
         self.check_master()
