@@ -123,7 +123,8 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     # One operator replica (Recreate), no peering objects and no RBAC for them.
     settings.peering.standalone = True
     settings.peering.mandatory = False
-    settings.watching.server_timeout = ours.watch_timeout_seconds
+    # The API server parses ?timeoutSeconds= as an integer ("300.0" is a 400 Bad Request).
+    settings.watching.server_timeout = int(ours.watch_timeout_seconds)
     settings.watching.client_timeout = ours.watch_timeout_seconds + WATCH_CLIENT_GRACE_SECONDS
     settings.watching.connect_timeout = ours.request_timeout_seconds
     settings.networking.request_timeout = ours.request_timeout_seconds

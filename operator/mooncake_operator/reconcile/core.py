@@ -164,7 +164,7 @@ class _StatusWriter:
             conditions=conditions,
             **fields,
         )
-        new_wire = new.to_wire()
+        new_wire = status.without_empty_strings(new.to_wire())
         patch = status.merge_patch(self.wire, new_wire)
         if patch:
             await self.runtime.kube.patch_status(

@@ -63,6 +63,12 @@ def validate_canary_spec(spec: MooncakeServingSpec) -> None:
     """The canary section as the canary will read it; raises InvalidResourceError field by field."""
     if not spec.canary.enabled:
         return
+    try:
+        canary_expectations(spec)
+    except ValidationError as error:
+        raise InvalidResourceError(
+            api.describe_validation_error(error, prefix="spec.canary.expectations")
+        ) from error
     placeholders = [f"http://replica-{index}:{spec.engine.port}" for index in range(max(spec.replicas, 2))]
     try:
         canary_config(spec, placeholders)

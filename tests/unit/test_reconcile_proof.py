@@ -1,0 +1,231 @@
+"""The canary as the operator runs it: config from the spec, when it is due, verdicts, blame, evidence."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mooncake_operator import api
+from mooncake_operator.api import CanaryStatus, InvalidResourceError
+from mooncake_operator.canary import CanaryResult, ChatAnswer, Mismatch, PairResult, customer_request
+from mooncake_operator.canary.models import ErrorKind, Verdict
+from mooncake_operator.examples import customer_deployment
+from mooncake_operator.reconcile import proof
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+URLS = ["http://a:8000", "http://b:8000"]
+PODS = ["x-replica-0", "x-replica-1"]
+
+
+def spec_with(**canary: Any) -> api.MooncakeServingSpec:
+    wire = customer_deployment().spec.to_wire()
+    wire["canary"] = {**wire["canary"], **canary}
+    return api.MooncakeServingSpec.model_validate(wire)
+
+
+def target(**changes: Any) -> api.CanaryTarget:
+    base: dict[str, Any] = {
+        "revision": "r1",
+        "generation": 1,
+        "replica_pods": ["x-replica-0=u0", "x-replica-1=u1"],
+        "master_pod": "m",
+        "master_restarts": 0,
+        "rerun": None,
+    }
+    return proof.current_target(**{**base, **changes})
+
+
+def last_run(verdict: str = "Passed", finished: datetime = NOW, **target_changes: Any) -> CanaryStatus:
+    return CanaryStatus(
+        run_id="run",
+        verdict=verdict,
+        finished_at=proof.format_time(finished),
+        target=target(**target_changes),
+    )
+
+
+def test_the_config_follows_the_spec() -> None:
+    spec = customer_deployment().spec
+    config = proof.canary_config(spec, URLS)
+    assert config.replicas == URLS
+    assert config.request == {**customer_request(), "model": spec.model.name}
+    assert (config.block_size, config.eagle, config.pairs, config.request_timeout_s) == (
+        16,
+        True,
+        "ring",
+        300,
+    )
+    own = spec_with(
+        request={"messages": [{"role": "user", "content": "hi"}]},
+        expectations=[{"kind": "contains", "text": "hello"}],
+        pairs="first",
+    )
+    config = proof.canary_config(own, URLS)
+    assert config.request == {"messages": [{"role": "user", "content": "hi"}], "model": spec.model.name}
+    assert [e.describe() for e in config.expectations] == [
+        e.describe() for e in proof.canary_expectations(own) or []
+    ]
+    assert config.pairs == "first"
+    assert proof.canary_config(spec_with(expectations=[]), URLS).expectations == []
+
+
+@pytest.mark.parametrize(
+    ("canary", "message"),
+    [
+        ({"expectations": [{"kind": "no_such_check"}]}, "spec.canary.expectations.0"),
+        ({"request": {"messages": []}}, "spec.canary.request: the request needs a non-empty 'messages' list"),
+        ({"request": {"messages": [{"role": "user", "content": "x"}], "stream": True}}, "must not stream"),
+    ],
+)
+def test_a_canary_section_the_canary_cannot_run_is_invalid(canary: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidResourceError) as error:
+        proof.validate_canary_spec(spec_with(**canary))
+    assert any(message in problem for problem in error.value.problems), error.value.problems
+
+
+def test_a_disabled_canary_is_not_validated() -> None:
+    proof.validate_canary_spec(spec_with(enabled=False, expectations=[{"kind": "no_such_check"}]))
+
+
+@pytest.mark.parametrize(
+    ("last", "now_target", "expected"),
+    [
+        (None, target(), "no canary has run"),
+        (last_run(), target(revision="r2"), "revision r2 is rolled out"),
+        (last_run(), target(generation=2), "generation 2"),
+        (
+            last_run(),
+            target(replica_pods=["x-replica-0=u9", "x-replica-1=u1"]),
+            "replica pods replaced: x-replica-0",
+        ),
+        (last_run(), target(master_pod="m2"), "the store master restarted"),
+        (last_run(), target(master_restarts=1), "the store master restarted"),
+        (last_run(), target(rerun="again"), "re-run requested (again)"),
+        (last_run(), target(), None),
+    ],
+)
+def test_canary_due(last: CanaryStatus | None, now_target: api.CanaryTarget, expected: str | None) -> None:
+    why = proof.canary_due(last, now_target, now=NOW, interval_seconds=None, inconclusive_retry_seconds=60)
+    assert (why is None) if expected is None else (why is not None and expected in why)
+
+
+def test_interval_and_inconclusive_retry() -> None:
+    earlier = NOW - timedelta(seconds=30)
+    due = proof.canary_due
+    assert (
+        due(last_run(finished=earlier), target(), now=NOW, interval_seconds=60, inconclusive_retry_seconds=60)
+        is None
+    )
+    assert due(
+        last_run(finished=earlier), target(), now=NOW, interval_seconds=30, inconclusive_retry_seconds=60
+    ) == ("interval of 30s elapsed")
+    inconclusive = last_run("Inconclusive", finished=earlier)
+    assert due(inconclusive, target(), now=NOW, interval_seconds=None, inconclusive_retry_seconds=60) is None
+    assert due(inconclusive, target(), now=NOW, interval_seconds=None, inconclusive_retry_seconds=20) == (
+        "retrying an inconclusive run"
+    )
+
+
+def answer(url: str, text: str | None = '{"a": 1}', **changes: Any) -> ChatAnswer:
+    return ChatAnswer(
+        url=url, status=200 if text is not None else None, text=text, prompt_tokens=185, **changes
+    )
+
+
+def pair(index: int, verdict: Verdict, **changes: Any) -> PairResult:
+    writer, reader = URLS[index], URLS[(index + 1) % 2]
+    base: dict[str, Any] = {
+        "index": index,
+        "writer": writer,
+        "reader": reader,
+        "cache_salt": f"s{index}",
+        "verdict": verdict,
+        "reasons": [] if verdict is Verdict.PASSED else ["something"],
+        "cold": answer(writer),
+        "warm": answer(reader),
+        "external_hit_tokens": 128,
+        "expected_external_hit_tokens": 128,
+        "answers_equal": verdict is Verdict.PASSED,
+    }
+    return PairResult(**{**base, **changes})
+
+
+def result(*pairs: PairResult, verdict: Verdict = Verdict.FAILED) -> CanaryResult:
+    return CanaryResult(
+        run_id="run1",
+        verdict=verdict,
+        reason="why",
+        replicas=URLS,
+        pairs_mode="ring",
+        pairs=list(pairs),
+        expectations=[],
+        started_at=NOW,
+        wall_s=1.5,
+        request_latency_s=1.0,
+    )
+
+
+def test_a_wrong_warm_answer_blames_the_reader() -> None:
+    run = result(pair(0, Verdict.FAILED), pair(1, Verdict.PASSED))
+    assert proof.blamed_replicas(run, PODS) == ["x-replica-1"]
+
+
+def test_a_failed_cold_request_blames_the_writer_only() -> None:
+    cold = answer(URLS[1], None, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 500")
+    run = result(pair(0, Verdict.PASSED), pair(1, Verdict.FAILED, cold=cold, warm=None))
+    assert proof.blamed_replicas(run, PODS) == ["x-replica-1"]
+
+
+def test_a_wrong_cold_answer_blames_both() -> None:
+    run = result(pair(0, Verdict.FAILED, expectation_violations=["cold answer: x", "warm answer: x"]))
+    assert proof.blamed_replicas(run, PODS) == ["x-replica-0", "x-replica-1"]
+
+
+def test_without_require_external_hit_equal_answers_pass() -> None:
+    unproven = result(
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=True),
+        pair(1, Verdict.PASSED),
+        verdict=Verdict.INCONCLUSIVE,
+    )
+    assert proof.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
+    assert proof.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    unreachable = result(
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=None, connection_error="refused"),
+        verdict=Verdict.INCONCLUSIVE,
+    )
+    assert proof.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
+    failed = result(pair(0, Verdict.FAILED))
+    assert proof.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
+
+
+def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
+    mismatch = Mismatch(position=12, cold_context='"us-west"', warm_context='"us-east"')
+    failing = pair(0, Verdict.FAILED, mismatch=mismatch, load_get_keys=3, notes=["double prune"])
+    cold, warm = failing.cold, failing.warm
+    assert cold is not None and warm is not None
+    failing = failing.model_copy(
+        update={
+            "cold": cold.model_copy(update={"latency_s": 0.8125}),
+            "warm": warm.model_copy(update={"latency_s": 0.5}),
+        }
+    )
+    status = proof.canary_status(
+        result(failing, pair(1, Verdict.PASSED, external_hit_tokens=-4)),
+        verdict=Verdict.FAILED,
+        target=target(),
+        pod_names=PODS,
+    )
+    wire = status.to_wire()
+    assert wire["finishedAt"] == "2026-01-01T12:00:01Z"
+    assert wire["externalHitTokens"] == 124
+    first = wire["pairs"][0]
+    assert (first["writer"], first["reader"], first["verdict"]) == ("x-replica-0", "x-replica-1", "Failed")
+    assert first["firstMismatch"] == {"position": 12, "cold": '"us-west"', "warm": '"us-east"'}
+    assert (first["coldLatencyMs"], first["warmLatencyMs"], first["loadGetKeys"]) == (812.5, 500.0, 3)
+    assert first["notes"] == ["double prune"]
+    assert "externalHitTokens" not in wire["pairs"][1]  # a counter that went down is no evidence
+    assert wire["target"]["revision"] == "r1"

@@ -1,0 +1,122 @@
+"""Operator settings: the replica-endpoint override, validation, kopf settings, handler outcomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kopf
+import pytest
+
+from mooncake_operator.cli import build_parser
+from mooncake_operator.commands.run import settings_from
+from mooncake_operator.handlers import raise_for
+from mooncake_operator.kube import KubeConfig
+from mooncake_operator.operator_settings import (
+    FINALIZER,
+    OperatorSettings,
+    SettingsError,
+    configure_kopf,
+    connection_info,
+    load_replica_endpoints,
+    parse_replica_endpoints,
+)
+from mooncake_operator.reconcile import Outcome, ReconcileResult
+
+pytestmark = pytest.mark.unit
+
+
+def test_replica_endpoints_map_resources_to_urls(tmp_path: Path) -> None:
+    path = tmp_path / "endpoints.yaml"
+    path.write_text('default/demo: ["http://127.0.0.1:8001/", "http://127.0.0.1:8002/v1"]\n')
+    assert load_replica_endpoints(path) == {
+        "default/demo": ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
+    }
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (["x"], "expected a mapping"),
+        ({"demo": ["http://a:1"]}, "key 'demo' must be \"<namespace>/<name>\""),
+        ({"ns/demo": "http://a:1"}, "must map to a non-empty list of URLs"),
+        ({"ns/demo": ["ftp://a"]}, "must look like http://HOST:PORT"),
+    ],
+)
+def test_bad_replica_endpoints_say_what_to_change(document: object, message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        parse_replica_endpoints(document)
+
+
+def test_unreadable_endpoint_files_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read replica endpoints"):
+        load_replica_endpoints(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [")
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        load_replica_endpoints(bad)
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(SettingsError, match="resync-seconds must be greater than 0"):
+        OperatorSettings(resync_seconds=0)
+    with pytest.raises(SettingsError, match="metrics-port must be a port number"):
+        OperatorSettings(metrics_port=70000)
+    assert OperatorSettings(liveness_port=0).liveness_endpoint is None
+    assert OperatorSettings().liveness_endpoint == "http://0.0.0.0:8080/healthz"
+
+
+def test_run_flags_become_settings(tmp_path: Path) -> None:
+    endpoints = tmp_path / "e.yaml"
+    endpoints.write_text("ns/demo: [http://127.0.0.1:1, http://127.0.0.1:2]\n")
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--namespace",
+            "a",
+            "--namespace",
+            "b",
+            "--metrics-port",
+            "0",
+            "--replica-endpoints",
+            str(endpoints),
+        ]
+    )
+    settings = settings_from(args)
+    assert settings.namespaces == ("a", "b")
+    assert settings.metrics_port == 0 and settings.liveness_port == 8080
+    assert settings.endpoints_for("ns", "demo") == ("http://127.0.0.1:1", "http://127.0.0.1:2")
+    assert settings.endpoints_for("ns", "other") is None
+
+
+def test_kopf_settings() -> None:
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, OperatorSettings(watch_timeout_seconds=300, request_timeout_seconds=20))
+    assert settings.persistence.finalizer == FINALIZER == "serving.mooncake-operator.dev/finalizer"
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.progress_storage.prefix == "serving.mooncake-operator.dev"
+    assert settings.peering.standalone is True
+    assert settings.watching.server_timeout == 300 and settings.watching.client_timeout == 330
+    assert settings.networking.request_timeout == 20
+    assert settings.posting.enabled is False
+
+
+def test_connection_info_from_a_token_config(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.crt"
+    info = connection_info(KubeConfig(server="https://127.0.0.1:6443", token="t", ca_path=ca, namespace="ns"))
+    assert (info.server, info.token, info.scheme, info.ca_path, info.default_namespace) == (
+        "https://127.0.0.1:6443",
+        "t",
+        "Bearer",
+        str(ca),
+        "ns",
+    )
+
+
+def test_outcomes_become_kopf_semantics() -> None:
+    raise_for(Outcome(ReconcileResult.READY))
+    raise_for(Outcome(ReconcileResult.CANARY_FAILED, "held"))
+    with pytest.raises(kopf.TemporaryError) as waiting:
+        raise_for(Outcome(ReconcileResult.WAITING, "not ready", retry_after=5))
+    assert waiting.value.delay == 5
+    with pytest.raises(kopf.PermanentError, match="replicas is 1"):
+        raise_for(Outcome(ReconcileResult.INVALID, "spec: replicas is 1"))
