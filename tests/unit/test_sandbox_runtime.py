@@ -36,6 +36,7 @@ from mooncake_operator.sandbox.engine_env import EngineEnv
 from mooncake_operator.sandbox.models import TinyModels
 from mooncake_operator.sandbox.processes import group_members, port_is_free
 from mooncake_operator.sandbox.runtime import (
+    MASTER_EXTRA_ARGS,
     SANDBOX_RUNTIME_ENV,
     SERVER_MODULE,
     replica_env,
@@ -168,7 +169,7 @@ async def test_replicas_run_exactly_what_engine_args_renders(
             assert all(env[key] == value for key, value in SANDBOX_RUNTIME_ENV.items())
         master_log = (sandbox.run_dir / "mooncake-master.log").read_text()
         assert f"-rpc_port={sandbox.master_port}" in master_log
-        assert "-rpc_address=127.0.0.1" in master_log
+        assert "-rpc_address=127.0.0.1" in master_log and MASTER_EXTRA_ARGS[0] in master_log
         groups = [replica.process.pgid for replica in sandbox.replicas if replica.process]
         assert sandbox.master is not None
         groups.append(sandbox.master.pgid)
@@ -186,6 +187,7 @@ async def test_describe_lists_every_substitution(tmp_path: Path, prepared: Prepa
     assert "block-size: 16 -> 32" in text
     assert "tensor-parallel-size: 4 -> 1" in text
     assert "draft model: thoughtworks/MiniMax-M2.5-Eagle3" in text
+    assert "mooncake_master -client_ttl=60 (sandbox only; default 10 s)" in text
     assert "VLLM_CPU_KVCACHE_SPACE=1" in text
     assert "replica-A" in text and "engine buggy (patch_connector.py status: buggy)" in text
 

@@ -55,10 +55,13 @@ SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
     "TRANSFORMERS_OFFLINE": "1",
 }
 # The caller's own interpreter settings must not leak into the engine's python.
-# A stopped replica's store segment stays mounted until the master misses its heartbeats for
-# client_ttl seconds (mooncake_master's default, which production and the sandbox keep); until then
-# the master may still place new blocks in it or serve reads from it, and those transfers fail.
-MASTER_CLIENT_TTL_S = 10.0
+# The master drops a store client (and unmounts its segment) after client_ttl seconds without a
+# heartbeat. Its default, 10 s, is too short on a loaded 2-core machine: busy engines missed their
+# heartbeats, got unmounted while alive, and transfers to or from them failed. The sandbox raises it
+# (and says so). The price: a stopped replica's segment stays mounted that long, and the master may
+# still place blocks in it, so a restart waits it out before the sandbox is used again.
+MASTER_CLIENT_TTL_S = 60.0
+MASTER_EXTRA_ARGS = (f"-client_ttl={MASTER_CLIENT_TTL_S:.0f}",)
 _DROPPED_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "MOONCAKE_CONFIG_PATH")
 _POLL_S = 0.5
 T = TypeVar("T")
@@ -181,6 +184,7 @@ class Sandbox:
         spec = sandbox_spec(speculative=speculative)
         lines = describe_substitutions(spec, substitutions_for(self.prepared.models, speculative=speculative))
         lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
+        lines += [f"mooncake_master {arg} (sandbox only; default 10 s)" for arg in MASTER_EXTRA_ARGS]
         lines += [f"env {key}={value} (sandbox only)" for key, value in SANDBOX_RUNTIME_ENV.items()]
         for replica in self.replicas:
             build = self.prepared.builds[replica.engine]
@@ -312,6 +316,7 @@ class Sandbox:
             metrics_port=self.master_metrics_port,
             executable=str(self.prepared.env.mooncake_master),
         )
+        argv = (*argv, *MASTER_EXTRA_ARGS)
         self.progress.phase(f"starting mooncake_master on {self.master_address}")
         self.master = ManagedProcess.start(
             "mooncake-master",
