@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"mooncake-operator run: {error}", file=sys.stderr)
         return 2
     kopf.configure(verbose=args.verbose, debug=args.debug)
+    # One INFO line per API request (httpx's default) buries the operator's own lines.
+    logging.getLogger("httpx").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     kopf.run(
         registry=build_registry(settings),
         standalone=True,
