@@ -60,8 +60,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--request-timeout-seconds", type=float, default=30.0, metavar="S")
     parser.add_argument("--watch-timeout-seconds", type=float, default=300.0, metavar="S")
     verbosity = parser.add_mutually_exclusive_group()
-    verbosity.add_argument("--verbose", action="store_true", help="log at INFO")
-    verbosity.add_argument("--debug", action="store_true", help="log at DEBUG")
+    verbosity.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    verbosity.add_argument("--debug", action="store_true", help="log at DEBUG (default: INFO)")
     parser.set_defaults(func=run)
 
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, KubeConfigError) as error:
         print(f"mooncake-operator run: {error}", file=sys.stderr)
         return 2
-    kopf.configure(verbose=args.verbose, debug=args.debug)
+    kopf.configure(debug=args.debug, quiet=args.quiet)
     # One INFO line per API request (httpx's default) buries the operator's own lines.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     kopf.run(
