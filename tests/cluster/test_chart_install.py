@@ -60,7 +60,7 @@ def value_sets(namespace: str, other: str) -> dict[str, dict[str, Any]]:
         "everything": {
             "watchNamespaces": [other],
             "serviceAccount": {"name": "operator", "annotations": {"team": "inference"}},
-            "operator": {"extraArgs": ["--verbose"], "extraEnv": [{"name": "TZ", "value": "UTC"}]},
+            "operator": {"extraArgs": ["--resync-seconds=60"], "extraEnv": [{"name": "TZ", "value": "UTC"}]},
             "metrics": {"port": 9191, "service": {"port": 8443}},
             "imagePullSecrets": [{"name": "regcred"}],
             "priorityClassName": "system-cluster-critical",

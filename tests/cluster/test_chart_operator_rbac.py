@@ -45,8 +45,14 @@ MANAGER = "mooncake-chart-rbac-test"
 SERVING = "minimax-m25"
 OPERATOR_START_TIMEOUT_S = 60.0
 RECONCILE_TIMEOUT_S = 60.0
-# Operator-level tuning the chart passes through operator.extraArgs; short, so the test is quick.
-FAST_RESYNC = ["--resync-seconds=1", "--retry-delay-seconds=0.5", "--inconclusive-retry-seconds=2"]
+# Operator-level flags the chart passes through operator.extraArgs: short periods, so the test is quick;
+# --debug, so every API request is logged with its HTTP status and a refusal cannot go unseen.
+OPERATOR_TEST_FLAGS = [
+    "--resync-seconds=1",
+    "--retry-delay-seconds=0.5",
+    "--inconclusive-retry-seconds=2",
+    "--debug",
+]
 
 
 @dataclass(frozen=True)
@@ -293,7 +299,7 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
     with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.US_EAST]) as fakes:
         endpoints = tmp_path / "endpoints.yaml"
         endpoints.write_text(yaml.safe_dump({f"{namespace}/{SERVING}": fakes.urls}))
-        extra = [f"--replica-endpoints={endpoints}", *FAST_RESYNC]
+        extra = [f"--replica-endpoints={endpoints}", *OPERATOR_TEST_FLAGS]
         argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port, extra)
         with running_operator(argv, log_path, liveness_port):
             await kube.create(serving(namespace, SERVING))
@@ -316,8 +322,12 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
             await kube.delete(api.API_VERSION, api.KIND, SERVING, namespace)
             await wait_until_deleted(kube, namespace, log_path)
     log = operator_log(log_path)
-    # httpx logs "HTTP/1.1 403 Forbidden", the operator's errors say "HTTP 403", kopf's "Forbidden".
-    refusals = re.findall(r".*(?:HTTP(?:/1\.1)? 403|forbidden).*", log, flags=re.IGNORECASE)
+    assert re.search(r"HTTP/1\.1 20[01] ", log), "no API request lines in the log: is --debug honoured?"
+    # httpx logs "HTTP/1.1 403 Forbidden", the operator's errors say "HTTP 403", kopf's "Forbidden" or
+    # "Not enough permissions".
+    refusals = re.findall(
+        r".*(?:HTTP(?:/1\.1)? 403|forbidden|not enough permissions).*", log, flags=re.IGNORECASE
+    )
     assert not refusals, f"refused at work: {refusals}"
 
     with kube_cluster.client(token=token) as as_operator:

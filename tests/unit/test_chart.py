@@ -59,7 +59,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "serviceAccount": {"create": True, "name": "mco-operator", "annotations": {"team": "inference"}},
     "operator": {
         "livenessPort": 8181,
-        "extraArgs": ["--verbose"],
+        "extraArgs": ["--resync-seconds=60"],
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
     },
     "livenessProbe": {
@@ -275,7 +275,7 @@ def test_non_default_values_reach_the_deployment(rendered: dict[str, list[Manife
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["serviceAccountName"] == "mco-operator"
     assert only(manifests, "ServiceAccount")["metadata"]["name"] == "mco-operator"
-    assert container["args"][-1] == "--verbose"
+    assert container["args"][-1] == "--resync-seconds=60"
     assert {"name": "TZ", "value": "UTC"} in container["env"]
     assert "--metrics-port=9191" in container["args"]
     assert pod["metadata"]["labels"]["team"] == "inference"
