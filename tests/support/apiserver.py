@@ -34,6 +34,8 @@ import httpx
 import yaml
 
 KUBE_VERSION = "1.20.2"
+# scripts/build-kube's KUBE_BUILD: the version plus our local source patch level.
+KUBE_BUILD = f"{KUBE_VERSION}-mo1"
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 ADMIN_USER = "harness-admin"
@@ -76,7 +78,7 @@ def cache_root() -> Path:
 
 def find_binaries() -> Binaries:
     """Locates the binaries, or fails saying which command provides them."""
-    kube_bin = cache_root() / "kube" / KUBE_VERSION / "bin"
+    kube_bin = cache_root() / "kube" / KUBE_BUILD / "bin"
     etcd = shutil.which("etcd")
     if etcd is None:
         raise ControlPlaneError(
