@@ -29,6 +29,7 @@ from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
 from mooncake_operator.netns import in_private_netns
 from mooncake_operator.operator_settings import RERUN_CANARY_ANNOTATION
+from mooncake_operator.reconcile.status import without_empty_strings
 from mooncake_operator.sandbox import (
     EngineMode,
     Sandbox,
@@ -63,7 +64,8 @@ async def sandbox(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[San
 
 
 def sandbox_resource(namespace: str, block_size: int) -> dict[str, Any]:
-    spec = sandbox_spec(speculative=True).to_wire()
+    # Empty strings left out: the test API server (1.20.2 as built here) reads "" in a resource as null.
+    spec = without_empty_strings(sandbox_spec(speculative=True).to_wire())
     spec["engine"]["blockSize"] = block_size
     spec["canary"] = {"expectations": [], "timeoutSeconds": CANARY_TIMEOUT_S, "onFailure": "Hold"}
     return {
