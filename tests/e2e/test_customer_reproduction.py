@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -68,9 +69,10 @@ class Reference:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def sandbox(prepared: Prepared, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Sandbox]:
-    # A run directory under pytest's basetemp: the engines' logs survive a failed test.
-    run_dir = tmp_path_factory.mktemp("sandbox")
+async def sandbox(prepared: Prepared) -> AsyncIterator[Sandbox]:
+    # Our own run directory, kept: pytest's basetemp rotates away after three runs, and the engines'
+    # logs are the evidence when a step fails. The path is printed at start-up.
+    run_dir = Path(tempfile.mkdtemp(prefix="mooncake-e2e-sandbox-"))
     options = SandboxOptions(replicas=2, engine=EngineMode.BUGGY, speculative=True, run_dir=run_dir)
     async with start_sandbox(options, prepared=prepared) as running:
         yield running
