@@ -39,11 +39,10 @@ def fakes() -> Iterator[FakeCluster]:
         yield cluster
 
 
-def runs(fakes: FakeCluster) -> int:
-    """Canary runs so far: each sends two requests (cold, warm) per pair, two pairs per run."""
-    posts = sum(len(replica.requests_to("/v1/chat/completions")) for replica in fakes.replicas)
-    assert posts % 4 == 0, posts
-    return posts // 4
+def runs(fakes: FakeCluster) -> float:
+    """Canary runs so far: each sends two requests (cold, warm) per pair, two pairs per run (a run in
+    progress counts as a fraction)."""
+    return sum(len(replica.requests_to("/v1/chat/completions")) for replica in fakes.replicas) / 4
 
 
 async def proven(kube: KubeClient, namespace: str, fakes: FakeCluster, count: int) -> dict[str, Any]:
@@ -129,7 +128,6 @@ async def test_metrics_and_liveness_are_served(
         if line and not line.startswith("#")
     }
     assert samples['mooncake_operator_reconciles_total{result="ready"}'] >= 1
-    assert samples['mooncake_operator_reconciles_total{result="waiting"}'] >= 1
     assert samples['mooncake_operator_canary_runs_total{verdict="Passed"}'] == 1
     assert samples['mooncake_operator_canary_runs_total{verdict="Failed"}'] == 0
     assert samples["mooncake_operator_canary_duration_seconds_count"] == 1

@@ -30,7 +30,7 @@ from mooncake_operator.api import (
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
 from mooncake_operator.reconcile import proof, status
@@ -100,6 +100,10 @@ async def reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     try:
         async with runtime.lock(namespace, name):
             outcome = await _reconcile(runtime, namespace, name)
+    except KubeError as error:
+        # The API server refused or did not answer: retried soon (kopf's default for errors is a minute).
+        logger.warning("%s/%s: %s", namespace, name, error)
+        outcome = Outcome(ReconcileResult.ERROR, str(error), retry_after=runtime.settings.retry_delay_seconds)
     except Exception:
         runtime.metrics.reconciles.labels(result=ReconcileResult.ERROR.value).inc()
         raise
