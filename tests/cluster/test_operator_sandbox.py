@@ -64,7 +64,7 @@ async def sandbox(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[San
 
 
 def sandbox_resource(namespace: str, block_size: int) -> dict[str, Any]:
-    # Empty strings left out: the test API server (1.20.2 as built here) reads "" in a resource as null.
+    # Empty strings left out: unpatched 1.20 API servers read "" in a custom resource as null (k/k#99804).
     spec = without_empty_strings(sandbox_spec(speculative=True).to_wire())
     spec["engine"]["blockSize"] = block_size
     spec["canary"] = {"expectations": [], "timeoutSeconds": CANARY_TIMEOUT_S, "onFailure": "Hold"}

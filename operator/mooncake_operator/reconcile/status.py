@@ -31,9 +31,9 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 
 
 def without_empty_strings(value: Any) -> Any:
-    """`value` with every "" map entry left out. kube-apiserver 1.20.2 as built for the tests reads an
-    empty string in a custom resource as null, which the schema then rejects; every such status field
-    defaults to "" when read back, so leaving it out says the same on any API server."""
+    """`value` with every "" map entry left out. Unpatched kube-apiserver 1.20 reads an empty string in a
+    custom resource as null (kubernetes/kubernetes#99804), which the schema then rejects; every such
+    status field defaults to "" when read back, so leaving it out says the same on any API server."""
     if isinstance(value, Mapping):
         return {key: without_empty_strings(item) for key, item in value.items() if item != ""}
     if isinstance(value, list):
