@@ -217,6 +217,9 @@ async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, 
         outcome["verdict"] = result.verdict.value
         outcome["canary"] = json.loads(render_json(result))
         outcome["canary_table"] = render_table(result)
+        if result.verdict is not Verdict.PASSED:
+            sandbox.keep_run_dir = True  # the engines' logs are the evidence
+            outcome["logs"] = str(sandbox.run_dir)
     return VERDICT_EXIT[result.verdict]
 
 

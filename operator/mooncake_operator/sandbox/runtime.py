@@ -155,6 +155,7 @@ class Sandbox:
     master_port: int = field(default_factory=free_port)
     master_metrics_port: int = field(default_factory=free_port)
     replicas: list[Replica] = field(default_factory=list)
+    keep_run_dir: bool = False  # set it to keep the logs although the block ends normally
     _stopped: bool = False
 
     # --- what users of the sandbox read ------------------------------------------------------------
@@ -461,7 +462,7 @@ async def start_sandbox(
         problems = sandbox.stop()
         for problem in problems:
             reporter.phase(f"teardown problem: {problem}")
-        if failed or options.keep_logs or problems:
+        if failed or options.keep_logs or problems or sandbox.keep_run_dir:
             reporter.phase(f"logs kept in {run_dir}")
         elif options.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
