@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import subprocess
 import sys
 import zipfile
@@ -18,6 +17,8 @@ from types import ModuleType
 
 import pytest
 
+from mooncake_operator.sandbox.engine_env import cache_root
+
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO / "images" / "vllm-mooncake"
 PATCHER = IMAGE_DIR / "patch_connector.py"
@@ -25,14 +26,6 @@ BUILD_SCRIPT = IMAGE_DIR / "build-engine.sh"
 FETCH_SCRIPT = IMAGE_DIR / "fetch-reference-wheels.sh"
 COORDINATOR_RELPATH = Path("distributed/kv_transfer/kv_connector/v1/mooncake/store/coordinator.py")
 STORE_PREFIX = "vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/"
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("MOONCAKE_OPERATOR_CACHE")
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "mooncake-operator"
 
 
 def load_patcher() -> ModuleType:

@@ -33,6 +33,8 @@ from typing import Any
 import httpx
 import yaml
 
+from mooncake_operator.sandbox.engine_env import cache_root
+
 KUBE_VERSION = "1.20.2"
 # scripts/build-kube's KUBE_BUILD: the version plus our local source patch level.
 KUBE_BUILD = f"{KUBE_VERSION}-mo1"
@@ -66,14 +68,6 @@ class Binaries:
     etcd: Path
     kube_apiserver: Path
     kube_controller_manager: Path
-
-
-def cache_root() -> Path:
-    explicit = os.environ.get("MOONCAKE_OPERATOR_CACHE")
-    if explicit:
-        return Path(explicit)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "mooncake-operator"
 
 
 def find_binaries() -> Binaries:
