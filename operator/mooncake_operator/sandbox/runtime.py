@@ -51,6 +51,11 @@ MAX_REPLICAS = 8
 # Exist only because this is a CPU sandbox; printed next to the engine_args substitutions.
 SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per replica (vLLM's CPU default is 4)
+    # vLLM's CPU worker pins its main thread to one core ("auto"); Mooncake's transfer threads,
+    # started from it, inherit that pin, so on a 2-core machine both replicas' store traffic
+    # queued on core 0 and first transfers stalled until their 60 s timeout (measured). Unpinned,
+    # the same runs transfer in milliseconds.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "VLLM_NO_USAGE_STATS": "1",  # nothing leaves the machine
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",  # local models only: never contact a model hub
