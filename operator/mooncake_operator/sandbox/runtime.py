@@ -68,7 +68,14 @@ SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
 # (and says so). The price: a stopped replica's segment stays mounted that long, and the master may
 # still place blocks in it, so a restart waits it out before the sandbox is used again.
 MASTER_CLIENT_TTL_S = 60.0
-MASTER_EXTRA_ARGS = (f"-client_ttl={MASTER_CLIENT_TTL_S:.0f}",)
+# A reader holds a lease on the keys it loads; the master's default (10 s) failed the occasional slow
+# first transfer on this 2-core machine ("lease_expired_before_data_transfer_completed", HTTP 500),
+# so the sandbox gives transfers two minutes. Nothing is evicted from the tiny sandbox store anyway.
+MASTER_KV_LEASE_TTL_S = 120
+MASTER_EXTRA_ARGS = (
+    f"-client_ttl={MASTER_CLIENT_TTL_S:.0f}",
+    f"-default_kv_lease_ttl={MASTER_KV_LEASE_TTL_S}s",
+)
 _DROPPED_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "MOONCAKE_CONFIG_PATH")
 _POLL_S = 0.5
 # Warm-up of the store transfer paths (see Sandbox._warm_store_paths): a stalled first transfer
