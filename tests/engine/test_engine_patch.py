@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.engine.patcher_support import BUILD_SCRIPT, COORDINATOR_RELPATH, cache_root, run_patcher
+from tests.engine.patcher_support import BUILD_SCRIPT, COORDINATOR_RELPATH, run_patcher
 
 from mooncake_operator.buggy_engine import (
     make_buggy_overlay,
@@ -26,17 +26,6 @@ BUGGY_SHAPES: dict[str, Callable[[str], str]] = {
 }
 # What the double prune does to the single-group Eagle scenario: 2 of the 3 counted blocks load.
 DOUBLE_PRUNED_MASK = "load_mask [[True, True]]"
-
-
-@pytest.fixture(scope="module")
-def engine_python() -> Path:
-    python = cache_root() / "engine-venv" / "bin" / "python"
-    if not python.exists():
-        pytest.fail(
-            f"engine venv missing ({python}); create it with `mooncake-operator sandbox prepare`",
-            pytrace=False,
-        )
-    return python
 
 
 @pytest.fixture(scope="module")

@@ -14,22 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.engine.patcher_support import COORDINATOR_RELPATH, PATCHER, cache_root, reference_wheel
+from tests.engine.patcher_support import COORDINATOR_RELPATH, PATCHER, reference_wheel
 
 from mooncake_operator.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def engine_python() -> Path:
-    python = cache_root() / "engine-venv" / "bin" / "python"
-    if not python.exists():
-        pytest.fail(
-            f"engine venv missing ({python}); create it with `mooncake-operator sandbox prepare`",
-            pytrace=False,
-        )
-    return python
 
 
 @pytest.fixture(scope="module")
