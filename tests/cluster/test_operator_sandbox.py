@@ -39,7 +39,13 @@ from mooncake_operator.sandbox import (
     start_sandbox,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+# Rerun (at most once, reported by pytest) only when the canary saw the CPU store transport's
+# intermittent stall (HTTP 500 on a warm load, docs/sandbox.md); a wrong verdict fails at once.
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(1800),
+    pytest.mark.flaky(reruns=1, only_rerun=[r"HTTP 500"]),
+]
 
 RUN_IN_NETNS = (
     ".venv/bin/python -m mooncake_operator.netns -- "

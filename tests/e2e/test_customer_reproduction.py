@@ -52,7 +52,16 @@ from mooncake_operator.sandbox import (
 )
 from mooncake_operator.sandbox.engines import patcher_script
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+# A test that failed on the CPU store transport's intermittent stall (a warm load that times out and
+# comes back as HTTP 500, docs/sandbox.md) runs again, at most twice, with fresh salts; any other
+# failure, a wrong answer above all, fails at once. pytest reports every rerun.
+TRANSPORT_STALL = [r"HTTP 500"]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.timeout(900),
+    pytest.mark.flaky(reruns=2, only_rerun=TRANSPORT_STALL),
+]
 
 A, B = 0, 1
 BLOCK_SIZE = 32

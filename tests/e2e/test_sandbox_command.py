@@ -57,6 +57,8 @@ def _wait_for(condition: object, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+# Rerun (reported by pytest) only on the CPU store transport's intermittent stall, docs/sandbox.md.
+@pytest.mark.flaky(reruns=2, only_rerun=[r"HTTP 500"])
 def test_the_main_job_passes_on_the_patched_engine(prepared: Prepared, tmp_path: Path) -> None:
     before = _pids()
 
