@@ -40,11 +40,13 @@ from mooncake_operator.sandbox import (
 )
 
 # Rerun (at most once, reported by pytest) only when the canary saw the CPU store transport's
-# intermittent stall (HTTP 500 on a warm load, docs/sandbox.md); a wrong verdict fails at once.
+# intermittent stall (HTTP 500 on a warm load, docs/sandbox.md), or when the harness's API server did not
+# answer in time while two engines started on the same 2 cores (seen once: a TLS connect timeout);
+# a wrong verdict fails at once.
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.timeout(1800),
-    pytest.mark.flaky(reruns=1, only_rerun=[r"HTTP 500"]),
+    pytest.mark.flaky(reruns=1, only_rerun=[r"HTTP 500", r"KubeTransportError"]),
 ]
 
 RUN_IN_NETNS = (
