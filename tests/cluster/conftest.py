@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from tests.cluster.operator_harness import install_crd
 from tests.support.apiserver import ControlPlane, start_control_plane
+from tests.support.fake_vllm import FakeCluster
 
 from mooncake_operator.kube import KubeClient, KubeConfig
 
@@ -73,3 +75,17 @@ def namespace(kube_cluster: ControlPlane) -> Iterator[str]:
 async def kube(kube_cluster: ControlPlane) -> AsyncIterator[KubeClient]:
     async with KubeClient(admin_config(kube_cluster)) as client:
         yield client
+
+
+@pytest.fixture
+async def crd(kube: KubeClient) -> AsyncIterator[None]:
+    """The MooncakeServing CRD installed (and Established) for an operator test."""
+    await install_crd(kube)
+    yield
+
+
+@pytest.fixture
+def fakes() -> Iterator[FakeCluster]:
+    """Two loopback fake vLLM replicas sharing a fake store."""
+    with FakeCluster.start(2) as cluster:
+        yield cluster

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from tests.support.apiserver import ControlPlane
+from tests.support.manifests import with_change
 
 from mooncake_operator import api, crd, render
 from mooncake_operator.api import InvalidResourceError, parse_resource
@@ -45,20 +46,6 @@ def customer_example(namespace: str) -> Manifest:
     loaded: Manifest = yaml.safe_load(EXAMPLE_PATH.read_text(encoding="utf-8"))
     loaded["metadata"]["namespace"] = namespace
     return loaded
-
-
-def with_change(obj: Manifest, path: str, value: Any) -> Manifest:
-    """A copy of `obj` with one field (dotted wire path) set; `None` deletes the field."""
-    changed = copy.deepcopy(obj)
-    *parents, leaf = path.split(".")
-    node = changed
-    for part in parents:
-        node = node.setdefault(part, {})
-    if value is None:
-        node.pop(leaf, None)
-    else:
-        node[leaf] = value
-    return changed
 
 
 def assert_kept(sent: Any, stored: Any, path: str) -> None:

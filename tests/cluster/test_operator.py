@@ -7,10 +7,8 @@ talks to loopback fake vLLM replicas mapped to the resource through the operator
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import pytest
 from tests.cluster.operator_harness import (
     FakeKubelet,
     children,
@@ -18,7 +16,6 @@ from tests.cluster.operator_harness import (
     events,
     eventually,
     get_serving,
-    install_crd,
     operator_settings,
     replica_pods,
     run_operator,
@@ -34,18 +31,6 @@ from mooncake_operator.operator_settings import FINALIZER, RERUN_CANARY_ANNOTATI
 from mooncake_operator.reconcile.revisions import config_map_name
 
 RENDERED_CHILDREN = 6
-
-
-@pytest.fixture
-async def crd(kube: KubeClient) -> AsyncIterator[None]:
-    await install_crd(kube)
-    yield
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeCluster]:
-    with FakeCluster.start(2) as cluster:
-        yield cluster
 
 
 def settings_for(plane: ControlPlane, namespace: str, fakes: FakeCluster, **changes: Any) -> Any:

@@ -3,17 +3,14 @@ go back to False with no change to the resource); and the operator's metrics and
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-import pytest
 from tests.cluster.operator_harness import (
     FakeKubelet,
     condition,
     eventually,
     get_serving,
-    install_crd,
     operator_settings,
     replica_pods,
     run_operator,
@@ -25,18 +22,6 @@ from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
-
-
-@pytest.fixture
-async def crd(kube: KubeClient) -> AsyncIterator[None]:
-    await install_crd(kube)
-    yield
-
-
-@pytest.fixture
-def fakes() -> Iterator[FakeCluster]:
-    with FakeCluster.start(2) as cluster:
-        yield cluster
 
 
 def runs(fakes: FakeCluster) -> float:

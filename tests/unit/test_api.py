@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.support.manifests import with_change as with_field
 
 from mooncake_operator.api import (
     InvalidResourceError,
@@ -35,16 +36,7 @@ def example() -> dict[str, Any]:
 
 def with_change(path: str, value: Any) -> dict[str, Any]:
     """The example with one field (dotted wire path) set; value None deletes it."""
-    obj = copy.deepcopy(example())
-    *parents, leaf = path.split(".")
-    node = obj
-    for part in parents:
-        node = node.setdefault(part, {})
-    if value is None:
-        node.pop(leaf, None)
-    else:
-        node[leaf] = value
-    return obj
+    return with_field(example(), path, value)
 
 
 def problems_of(obj: dict[str, Any]) -> list[str]:
