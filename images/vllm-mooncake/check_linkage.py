@@ -109,9 +109,15 @@ def is_elf(path: Path) -> bool:
 def read_elf(path: Path) -> Elf:
     try:
         with path.open("rb") as handle:
-            return _parse_elf(path, handle)
+            return parse_elf(path, handle)
     except OSError as error:
         raise ElfError(f"{path}: {error.strerror}") from None
+
+
+def parse_elf(path: Path, handle: BinaryIO) -> Elf:
+    """The ELF object in `handle` (any seekable binary file, e.g. a wheel's member); `path` names it."""
+    try:
+        return _parse_elf(path, handle)
     except struct.error:
         raise ElfError(f"{path}: truncated ELF file") from None
 
@@ -347,7 +353,9 @@ def locate_package(name: str, explicit: Path | None, flag: str) -> Path:
         return explicit
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise EnvironmentProblem(f"{name} is not installed for {sys.executable}; install it or pass {flag} DIR")
+        raise EnvironmentProblem(
+            f"{name} is not installed for {sys.executable}; install it or pass {flag} DIR"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -387,12 +395,17 @@ def detect_cuda_major(vllm_dir: Path) -> tuple[str, str]:
         )
     majors = cuda_majors(objects)
     if len(majors) > 1:
-        listing = "; ".join(f"CUDA {m}: {', '.join(p.name for p in paths)}" for m, paths in sorted(majors.items()))
+        listing = "; ".join(
+            f"CUDA {m}: {', '.join(p.name for p in paths)}" for m, paths in sorted(majors.items())
+        )
         raise EnvironmentProblem(f"{vllm_dir} links more than one CUDA runtime ({listing})")
     if majors:
         major, paths = next(iter(majors.items()))
         names = ", ".join(sorted(p.name for p in paths))
-        return major, f"{len(paths)} of {len(objects)} vLLM extension objects link libcudart.so.{major} ({names})"
+        return (
+            major,
+            f"{len(paths)} of {len(objects)} vLLM extension objects link libcudart.so.{major} ({names})",
+        )
     driver = sorted(elf.path.name for elf in objects if DRIVER in elf.needed)
     if driver:
         raise EnvironmentProblem(
@@ -449,7 +462,9 @@ def pinned(spec: str) -> str | None:
     return f"{re.sub(r'[-_.]+', '-', match.group(1)).lower()}=={match.group(2)}"
 
 
-def plan(vllm_dir: Path, mooncake: str, expect_major: str | None, installed: Sequence[str]) -> list[tuple[str, str]]:
+def plan(
+    vllm_dir: Path, mooncake: str, expect_major: str | None, installed: Sequence[str]
+) -> list[tuple[str, str]]:
     """What build-engine.sh does: ("cuda-major", M), ("package", SPEC), then ("uninstall", NAME)...
     and ("install", SPEC) or ("keep", SPEC). Raises CheckFailed for a mismatch, before anything changes."""
     major, evidence = detect_cuda_major(vllm_dir)
@@ -495,10 +510,12 @@ def mooncake_objects(mooncake_dir: Path) -> list[Elf]:
 def build_driver_stub(objects: Sequence[Elf], directory: Path) -> Path | None:
     """A libcuda.so.1 defining every driver function Mooncake's objects import, each returning
     CUDA_ERROR_NO_DEVICE: the import then behaves as on a GPU-less node. None without a compiler."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = shutil.which(os.environ.get("CC") or "cc")
     if compiler is None:
         return None
-    symbols = sorted({s for elf in objects if DRIVER in elf.needed for s in elf.undefined if re.match(r"^cu[A-Z]", s)})
+    symbols = sorted(
+        {s for elf in objects if DRIVER in elf.needed for s in elf.undefined if re.match(r"^cu[A-Z]", s)}
+    )
     source = directory / "libcuda_stub.c"
     source.write_text("".join(f"int {name}(void) {{ return 100; }}\n" for name in symbols))
     stub = directory / DRIVER
@@ -511,7 +528,9 @@ def build_driver_stub(objects: Sequence[Elf], directory: Path) -> Path | None:
 
 def import_store(library_dirs: Sequence[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = ":".join([*library_dirs, *[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]])
+    env["LD_LIBRARY_PATH"] = ":".join(
+        [*library_dirs, *[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]]
+    )
     probe = "import mooncake.store as store; print(store.__file__)"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False, env=env)
 
@@ -556,9 +575,13 @@ def check(mooncake_dir: Path, base_major: str, resolver: Resolver) -> list[str]:
     if driver_needed:
         report.append(f"  {DRIVER}: the NVIDIA driver, mounted into GPU pods at run time (not in images)")
     if missing:
-        lines = "; ".join(f"{name} (needed by {', '.join(sorted(owners))})" for name, owners in sorted(missing.items()))
+        lines = "; ".join(
+            f"{name} (needed by {', '.join(sorted(owners))})" for name, owners in sorted(missing.items())
+        )
         raise CheckFailed(f"unresolved libraries: {lines}{missing_hint(missing)}")
-    report.append("  every DT_NEEDED entry resolves" + (f" except the driver's {DRIVER}" if driver_needed else ""))
+    report.append(
+        "  every DT_NEEDED entry resolves" + (f" except the driver's {DRIVER}" if driver_needed else "")
+    )
 
     with tempfile.TemporaryDirectory(prefix="mooncake-driver-stub-") as scratch:
         library_dirs = sorted({str(path.parent) for path in preloaded.values()})
