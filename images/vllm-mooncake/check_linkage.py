@@ -557,7 +557,7 @@ def check(mooncake_dir: Path, base_major: str, resolver: Resolver) -> list[str]:
             f"CUDA mismatch: Mooncake in {mooncake_dir} is built for {describe(mooncake_major)} but the "
             f"base's vLLM is {describe(base_major)}; {remedy(base_major)}"
         )
-    report.append(f"  CUDA: Mooncake and the base's vLLM agree ({describe(base_major)})")
+    report.append(f"  CUDA: Mooncake and the base's vLLM agree: {describe(base_major)}")
 
     missing: dict[str, set[str]] = {}
     preloaded: dict[str, Path] = {}

@@ -145,7 +145,7 @@ def test_image_build_script_on_a_fixed_release(
     assert f"the base already carries {cpu_build}; not reinstalled" in result.stdout
     assert (state_file.parent / "mooncake-package").read_text() == cpu_build + "\n"
     linkage = (state_file.parent / "mooncake-linkage.txt").read_text()
-    assert "CUDA: Mooncake and the base's vLLM agree (no CUDA (a CPU build))" in linkage
+    assert "CUDA: Mooncake and the base's vLLM agree: no CUDA (a CPU build)\n" in linkage
     assert "every DT_NEEDED entry resolves\n" in linkage
     assert "import mooncake.store: ok (" in linkage and "check_linkage: passed" in linkage
 

@@ -270,6 +270,7 @@ def test_check_accepts_the_cpu_build_on_a_cpu_base(site: dict[str, Path]) -> Non
     mooncake = site["none"] / "mooncake"
     assert f"mooncake: {mooncake} (" in result.stdout
     assert "every DT_NEEDED entry resolves\n" in result.stdout
+    assert "CUDA: Mooncake and the base's vLLM agree: no CUDA (a CPU build)\n" in result.stdout
     assert f"import mooncake.store: ok ({mooncake / 'store.so'})" in result.stdout
     assert "check_linkage: passed" in result.stdout
 
