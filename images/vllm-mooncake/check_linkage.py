@@ -391,14 +391,17 @@ def detect_cuda_major(vllm_dir: Path) -> tuple[str, str]:
     if not objects:
         raise EnvironmentProblem(
             f"{vllm_dir} holds no compiled extension objects, so its CUDA build cannot be read; "
-            "pass the Mooncake package explicitly"
+            "pass the Mooncake package explicitly (one of the table's)"
         )
     majors = cuda_majors(objects)
     if len(majors) > 1:
         listing = "; ".join(
             f"CUDA {m}: {', '.join(p.name for p in paths)}" for m, paths in sorted(majors.items())
         )
-        raise EnvironmentProblem(f"{vllm_dir} links more than one CUDA runtime ({listing})")
+        raise EnvironmentProblem(
+            f"{vllm_dir} links more than one CUDA runtime ({listing}); pass the Mooncake package "
+            "explicitly (one of the table's)"
+        )
     if majors:
         major, paths = next(iter(majors.items()))
         names = ", ".join(sorted(p.name for p in paths))
@@ -410,7 +413,7 @@ def detect_cuda_major(vllm_dir: Path) -> tuple[str, str]:
     if driver:
         raise EnvironmentProblem(
             f"{vllm_dir}: {', '.join(driver)} link the NVIDIA driver but no CUDA runtime: the CUDA major "
-            "is unknown; pass the Mooncake package explicitly"
+            "is unknown; pass the Mooncake package explicitly (one of the table's)"
         )
     return NO_CUDA, f"none of the {len(objects)} vLLM extension objects links a CUDA runtime or the driver"
 
@@ -467,7 +470,15 @@ def plan(
 ) -> list[tuple[str, str]]:
     """What build-engine.sh does: ("cuda-major", M), ("package", SPEC), then ("uninstall", NAME)...
     and ("install", SPEC) or ("keep", SPEC). Raises CheckFailed for a mismatch, before anything changes."""
-    major, evidence = detect_cuda_major(vllm_dir)
+    try:
+        major, evidence = detect_cuda_major(vllm_dir)
+    except EnvironmentProblem as unreadable:
+        # A base whose CUDA cannot be read: a forced package of the table says which major to hold
+        # the installed Mooncake to; `check` then proves that Mooncake links on this base.
+        forced = cuda_of_spec(mooncake) if mooncake != "auto" else "unknown"
+        if forced == "unknown":
+            raise
+        major, evidence = forced, f"{unreadable}; going by {mooncake.strip()}: {describe(forced)}"
     print(f"plan: {evidence}", file=sys.stderr)
     if expect_major and major != expect_major:
         raise CheckFailed(

@@ -227,6 +227,13 @@ def test_cuda_detection_refuses_what_it_cannot_read(tmp_path: Path, vllm_0_32_0:
     (empty / "__init__.py").write_text("")
     with pytest.raises(cl.EnvironmentProblem, match="no compiled extension objects"):
         cl.detect_cuda_major(empty)
+    with pytest.raises(cl.EnvironmentProblem, match="pass the Mooncake package explicitly"):
+        cl.plan(empty, "auto", None, [])
+    # A forced package of the table then says which CUDA the installed Mooncake is held to.
+    forced = f"mooncake-transfer-engine-cuda13=={RELEASE}"
+    assert cl.plan(empty, forced, "13", [])[:2] == [("cuda-major", "13"), ("package", forced)]
+    with pytest.raises(cl.CheckFailed, match="CUDA_MAJOR=13"):
+        cl.plan(empty, forced, "12", [])
     mixed = tmp_path / "mixed" / "vllm"
     mixed.mkdir(parents=True)
     (mixed / "a.so").write_bytes((vllm_0_32_0 / "_flashmla_extension_C.abi3.so").read_bytes())
