@@ -32,6 +32,8 @@ python_prefix=$(dirname "$(sed -n 's/^home = //p' "$venv/pyvenv.cfg")")
 mkdir -p "$work/stage-venv" "$work/stage-python"
 mount --bind "$venv" "$work/stage-venv"
 mount --bind "$python_prefix" "$work/stage-python"
+mount -o remount,bind,ro "$work/stage-venv"
+mount -o remount,bind,ro "$work/stage-python"
 mount -t tmpfs -o mode=755 none "$HOME"
 mkdir -p "$venv" "$python_prefix"
 mount --bind "$work/stage-venv" "$venv"
