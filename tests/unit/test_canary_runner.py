@@ -218,7 +218,7 @@ async def test_an_unreachable_replica_is_retried_then_reported_as_a_connection_e
         result = await run_canary(config)
     [pair] = result.pairs
     assert pair.verdict is Verdict.INCONCLUSIVE
-    assert result.exit_code == ExitCode.USAGE_OR_CONNECTION
+    assert result.exit_code == ExitCode.USAGE_OR_ENVIRONMENT
     assert pair.metrics_error is not None and "(3 attempts)" in pair.metrics_error
     assert pair.warm is not None and pair.warm.error_kind is ErrorKind.CONNECTION
     assert pair.warm.attempts == 3

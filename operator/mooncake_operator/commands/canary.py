@@ -66,7 +66,7 @@ class _CanaryArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(ExitCode.USAGE_OR_CONNECTION, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -154,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
         config = build_config(args)
     except UsageError as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
-        return ExitCode.USAGE_OR_CONNECTION
+        return ExitCode.USAGE_OR_ENVIRONMENT
     result = asyncio.run(run_canary(config))
     sys.stdout.write(render_json(result) + "\n" if args.json else render_table(result))
     return result.exit_code
