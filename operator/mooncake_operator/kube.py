@@ -26,6 +26,7 @@ from typing import Any, Final
 import httpx
 import yaml
 
+from mooncake_operator import safe_yaml
 from mooncake_operator.api import API_VERSION as MCS_API_VERSION
 from mooncake_operator.api import KIND as MCS_KIND
 from mooncake_operator.api import PLURAL as MCS_PLURAL
@@ -125,9 +126,11 @@ class KubeConfig:
         """Reads a kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config)."""
         path = path or default_kubeconfig_path()
         try:
-            document = yaml.safe_load(path.read_text())
+            document = safe_yaml.load(path.read_text(encoding="utf-8"))
         except FileNotFoundError as error:
             raise KubeConfigError(f"kubeconfig {path} not found") from error
+        except UnicodeDecodeError as error:
+            raise KubeConfigError(f"kubeconfig {path} is not UTF-8 text: {error}") from error
         except yaml.YAMLError as error:
             raise KubeConfigError(f"kubeconfig {path} is not valid YAML: {error}") from error
         if not isinstance(document, dict):

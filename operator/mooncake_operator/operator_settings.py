@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 import yaml
 
-from mooncake_operator import api
+from mooncake_operator import api, safe_yaml
 from mooncake_operator.canary.models import normalize_base_url
 from mooncake_operator.kube import KubeConfig
 
@@ -105,7 +105,9 @@ def parse_replica_endpoints(document: Any, source: str = "replica endpoints") ->
 
 def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = safe_yaml.load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"replica endpoints {path} is not UTF-8 text: {error}") from error
     except OSError as error:
         raise SettingsError(f"cannot read replica endpoints {path}: {error.strerror}") from error
     except yaml.YAMLError as error:

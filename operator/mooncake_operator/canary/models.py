@@ -48,6 +48,8 @@ class ExitCode:
     # Nothing could be judged: bad arguments or input files, an unreachable replica, a sandbox set-up error.
     USAGE_OR_ENVIRONMENT = 3
     INTERNAL_ERROR = 70  # a defect of mooncake-operator itself (sysexits' EX_SOFTWARE); never a verdict
+    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 class _Model(BaseModel):
@@ -208,7 +210,7 @@ class CanaryConfig(_Model):
     def _replica_urls(cls, replicas: list[str]) -> list[str]:
         normalized = [normalize_base_url(url) for url in replicas]
         # Linear: one count per distinct replica (credentials do not make another replica).
-        counts = Counter(redact_url(url) for url in normalized)
+        counts = Counter(redact_url(url, mask="") for url in normalized)
         duplicates = sorted(url for url, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(f"each replica must be listed once; repeated: {', '.join(duplicates)}")
@@ -280,7 +282,7 @@ def normalize_base_url(url: str) -> str:
     return f"{scheme}://{netloc}{path}"
 
 
-def redact_url(url: str) -> str:
+def redact_url(url: str, *, mask: str = "***@") -> str:
     """`url` with any user:password@ replaced by `***@`: how a URL is shown (tables, JSON, logs, errors)."""
     scheme, separator, rest = url.partition("://")
     if not separator:
@@ -291,7 +293,7 @@ def redact_url(url: str) -> str:
     authority = rest[:authority_end]
     if "@" not in authority:
         return url
-    return f"{scheme}://***@{authority.rpartition('@')[2]}{rest[authority_end:]}"
+    return f"{scheme}://{mask}{authority.rpartition('@')[2]}{rest[authority_end:]}"
 
 
 def printable(text: str) -> str:
