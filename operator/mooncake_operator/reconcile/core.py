@@ -121,7 +121,6 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     state = _StatusWriter(runtime, body)
     try:
         resource = api.parse_resource({**body, "status": None})
-        proof.validate_canary_spec(resource.spec)
     except InvalidResourceError as error:
         return await state.invalid(error.problems)
     return await _Pass(runtime, body, resource, state).run()
