@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
 
+from mooncake_operator.examples import customer_deployment
 from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.metrics import OperatorMetrics
 from mooncake_operator.operator_settings import OperatorSettings
@@ -54,3 +57,50 @@ async def test_an_api_failure_is_retried_soon_and_counted(closing: list[Runtime]
     assert outcome.retry_after == 3
     assert "etcdserver: timeout" in outcome.message
     assert errors(runtime) == 1
+
+
+def _demo_resource() -> dict[str, Any]:
+    resource = customer_deployment().to_wire()
+    resource["metadata"] = {"name": "demo", "namespace": "ns", "uid": "u-1", "generation": 1}
+    return resource
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "message"),
+    [
+        (409, "Conflict", 'Apply failed with 1 conflict: conflict with "kubectl": .spec.replicas'),
+        (422, "Invalid", 'StatefulSet.apps "demo-replica" is invalid: spec.template: Forbidden'),
+        (500, "InternalError", "etcdserver: request timed out"),
+    ],
+)
+async def test_an_apply_the_api_server_refuses_is_a_condition(
+    code: int, reason: str, message: str, closing: list[Runtime]
+) -> None:
+    resource = _demo_resource()
+    status_patches: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.method == "GET" and path.endswith("/mooncakeservings/demo"):
+            return httpx.Response(200, json=resource)
+        if request.method == "GET":
+            return httpx.Response(404, json={"kind": "Status", "reason": "NotFound", "code": 404})
+        if request.method == "PATCH" and path.endswith("/status"):
+            status_patches.append(json.loads(request.content))
+            return httpx.Response(200, json=resource)
+        if request.method == "PATCH" and "/statefulsets/" in path:
+            return httpx.Response(
+                code, json={"kind": "Status", "reason": reason, "message": message, "code": code}
+            )
+        return httpx.Response(200, json=json.loads(request.content or b"{}"))
+
+    runtime = runtime_answering(handler)
+    closing.append(runtime)
+    outcome = await reconcile(runtime, "ns", "demo")
+    assert outcome.result is ReconcileResult.ERROR
+    assert outcome.retry_after == 3
+    conditions = {c["type"]: c for c in status_patches[-1]["status"]["conditions"]}
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
+    assert "StatefulSet/demo-replica" in ready["message"]
+    assert f"HTTP {code}" in ready["message"] and message in ready["message"]

@@ -34,7 +34,7 @@ from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
 from mooncake_operator.reconcile import proof, status
-from mooncake_operator.reconcile.children import ensure_children
+from mooncake_operator.reconcile.children import ApplyError, ensure_children
 from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
@@ -270,7 +270,14 @@ class _Pass:
     async def run(self) -> Outcome:
         revisions, serving_spec = await self.choose_revision()
         serving = self.resource.model_copy(update={"spec": serving_spec})
-        applied = await ensure_children(self.kube, render.render_all(serving, owner_uid=self.uid))
+        try:
+            applied = await ensure_children(self.kube, render.render_all(serving, owner_uid=self.uid))
+        except ApplyError as error:
+            logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
+            await self.state.write(
+                status.apply_failed(str(error), self.state.current.phase), **self.state.keep()
+            )
+            return Outcome(ReconcileResult.ERROR, str(error), retry_after=self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))

@@ -12,7 +12,7 @@ from mooncake_operator.conditions import ConditionState, Reason
 from mooncake_operator.reconcile.observe import Observation
 
 WARNING_PHASES: frozenset[Phase] = frozenset({"Invalid", "CanaryFailed", "Degraded"})
-WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value})
+WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value, Reason.APPLY_FAILED.value})
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,6 +71,20 @@ def invalid(problems: list[str]) -> Verdict:
             cond.REPLICAS_READY: not_reconciled,
             cond.CANARY_PASSED: not_reconciled,
             cond.READY: cond.false(Reason.INVALID_SPEC, message),
+        },
+    )
+
+
+def apply_failed(message: str, previous: Phase | None) -> Verdict:
+    """The API server refused a child: Ready says which and why; the phase stays what it was."""
+    unknown = cond.unknown(Reason.APPLY_FAILED, "not reconciled: applying a child failed")
+    return Verdict(
+        previous or "Pending",
+        {
+            cond.MASTER_READY: unknown,
+            cond.REPLICAS_READY: unknown,
+            cond.CANARY_PASSED: unknown,
+            cond.READY: cond.false(Reason.APPLY_FAILED, f"{message} (retried)"),
         },
     )
 
