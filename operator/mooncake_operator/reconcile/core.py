@@ -8,6 +8,7 @@ kopf's retry semantics. Reconciles of one resource are serialized by a per-resou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -36,7 +37,7 @@ from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNO
 from mooncake_operator.reconcile import proof, status
 from mooncake_operator.reconcile.children import ApplyError, ensure_children
 from mooncake_operator.reconcile.observe import Observation, observe
-from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
+from mooncake_operator.reconcile.revisions import read_verified_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
@@ -249,7 +250,7 @@ class _Pass:
             failed = None  # a new spec, a retry, or Rollback turned off: roll the spec out
         serving_spec, serving = spec, desired
         if failed is not None:
-            stored = await read_last_good(self.kube, self.resource)
+            stored, _ = await read_verified_last_good(self.kube, self.resource, current.last_good_revision)
             if stored is not None and stored.revision != desired:
                 serving_spec, serving = stored.spec, stored.revision
             else:
@@ -417,19 +418,23 @@ class _Pass:
         else:
             held = sorted(set(self.state.current.out_of_traffic) | set(blamed))
         await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
-        if verdict is Verdict.FAILED and await self.can_roll_back(revisions):
-            return await self.roll_back(observation, revisions, canary, held)
+        if verdict is Verdict.FAILED:
+            can, refused = await self.can_roll_back(revisions)
+            if can:
+                return await self.roll_back(observation, revisions, canary, held)
+            revisions = dataclasses.replace(revisions, rollback_refused=refused)
         fields = self.fields(revisions, observation, canary=canary, out_of_traffic=held)
         settled = self.settled(observation, revisions, canary)
         await self.state.write(settled, **fields)
         return self.outcome(settled, canary, revisions)
 
-    async def can_roll_back(self, revisions: status.Revisions) -> bool:
-        """Rollback applies to the spec's own revision, when a different last good revision is stored."""
+    async def can_roll_back(self, revisions: status.Revisions) -> tuple[bool, str | None]:
+        """Rollback applies to the spec's own revision, when a different, verified last good revision is
+        stored; else why a stored one was refused (or None)."""
         if self.resource.spec.canary.on_failure != "Rollback" or revisions.serving != revisions.desired:
-            return False
-        stored = await read_last_good(self.kube, self.resource)
-        return stored is not None and stored.revision != revisions.desired
+            return False, None
+        stored, refused = await read_verified_last_good(self.kube, self.resource, revisions.last_good)
+        return stored is not None and stored.revision != revisions.desired, refused
 
     async def roll_back(
         self,

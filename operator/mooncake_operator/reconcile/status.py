@@ -47,6 +47,8 @@ class Revisions:
     serving: str
     failed: str | None
     last_good: str | None
+    # Why the last good revision may not be rolled back to (its ConfigMap was changed); None: it may.
+    rollback_refused: str | None = None
 
     @property
     def rolled_back(self) -> bool:
@@ -202,6 +204,8 @@ def settled(
             "Canary", {**conditions, cond.READY: cond.false(Reason.CANARY_PENDING, canary_state.message)}
         )
     held = " Replicas that failed are out of the client Service." if on_failure == "Hold" else ""
+    if revisions.rollback_refused:
+        held += f" Rollback refused: {revisions.rollback_refused}."
     return Verdict(
         "CanaryFailed",
         {**conditions, cond.READY: cond.false(canary_state.reason, canary_state.message + held)},
