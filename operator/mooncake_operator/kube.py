@@ -270,6 +270,7 @@ KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
     ResourceKind("v1", "Event", "events", namespaced=True),
     ResourceKind("apps/v1", "Deployment", "deployments", namespaced=True),
     ResourceKind("apps/v1", "StatefulSet", "statefulsets", namespaced=True),
+    ResourceKind("coordination.k8s.io/v1", "Lease", "leases", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
