@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.engine.patcher_support import BUILD_SCRIPT, COORDINATOR_RELPATH, run_patcher
 
-from mooncake_operator.buggy_engine import (
+from mooncake_operator.sandbox.buggy_engine import (
     make_buggy_overlay,
     reintroduce_double_prune,
     revert_to_prefix_shape,
