@@ -26,7 +26,7 @@ from mooncake_operator.canary import (
     run_canary,
 )
 from mooncake_operator.canary.client import RetryPolicy
-from mooncake_operator.canary.runner import PairEvidence
+from mooncake_operator.canary.runner import PairMeasurement
 
 pytestmark = pytest.mark.unit
 
@@ -363,13 +363,13 @@ def test_replica_urls_are_normalized() -> None:
 
 def _evidence(
     *, load_get: int = 4, warm_cached: int | None = None, warm_prompt_tokens: int = 185
-) -> PairEvidence:
+) -> PairMeasurement:
     def answer(url: str, prompt_tokens: int, cached: int | None) -> ChatAnswer:
         return ChatAnswer(
             url=url, status=200, text=CORRECT_ANSWER, prompt_tokens=prompt_tokens, cached_tokens=cached
         )
 
-    return PairEvidence(
+    return PairMeasurement(
         index=0,
         writer="http://a:1",
         reader="http://b:1",

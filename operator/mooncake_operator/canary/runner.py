@@ -36,7 +36,7 @@ _CONTEXT_AFTER = 40
 
 
 @dataclass(frozen=True)
-class PairEvidence:
+class PairMeasurement:
     """Everything measured for one pair, before judging it."""
 
     index: int
@@ -116,7 +116,7 @@ async def _measure_pair(
     writer: str,
     reader: str,
     run_id: str,
-) -> PairEvidence:
+) -> PairMeasurement:
     started = time.perf_counter()
     salt = new_cache_salt(run_id, index)
     before, metrics_error = await _scrape(client, reader, config, retry)
@@ -127,7 +127,7 @@ async def _measure_pair(
         # An unresponsive reader would only make the second scrape wait out its timeout too.
         if before is not None and warm.error_kind not in (ErrorKind.CONNECTION, ErrorKind.TIMEOUT):
             after, metrics_error = await _scrape(client, reader, config, retry)
-    return PairEvidence(
+    return PairMeasurement(
         index=index,
         writer=redact_url(writer),
         reader=redact_url(reader),
@@ -173,7 +173,7 @@ async def _scrape(
     return counters, None
 
 
-def judge_pair(evidence: PairEvidence, config: CanaryConfig) -> PairResult:
+def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     """Failed on any wrong or missing answer; Inconclusive when the warm path is not proven; else Passed."""
     cold, warm = evidence.cold, evidence.warm
     failures: list[str] = []
@@ -425,7 +425,7 @@ def _body_suffix(answer: ChatAnswer) -> str:
     return ""
 
 
-def _request_latency(evidence: PairEvidence) -> float:
+def _request_latency(evidence: PairMeasurement) -> float:
     latencies = [answer.latency_s for answer in (evidence.cold, evidence.warm) if answer is not None]
     latencies += [
         counters.latency_s for counters in (evidence.before, evidence.after) if counters is not None
