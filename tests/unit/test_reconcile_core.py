@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
+from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.metrics import OperatorMetrics
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.unit
 
 def runtime_answering(handler: Callable[[httpx.Request], httpx.Response]) -> Runtime:
     config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(handler))
+    kube = KubeClient(config, transport=httpx.MockTransport(handler), kinds=[SERVING_KIND])
     settings = OperatorSettings(kube=config, retry_delay_seconds=3)
     return Runtime(settings=settings, kube=kube, http=httpx.AsyncClient(), metrics=OperatorMetrics())
 

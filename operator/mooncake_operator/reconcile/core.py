@@ -31,6 +31,7 @@ from mooncake_operator.api import (
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
+from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
@@ -71,7 +72,9 @@ class Runtime:
 
     @classmethod
     def start(cls, settings: OperatorSettings) -> Runtime:
-        kube = KubeClient(settings.kube_config(), timeout=settings.request_timeout_seconds)
+        kube = KubeClient(
+            settings.kube_config(), timeout=settings.request_timeout_seconds, kinds=[SERVING_KIND]
+        )
         # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
