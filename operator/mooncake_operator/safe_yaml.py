@@ -92,11 +92,19 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
+class YamlValueError(yaml.YAMLError):
+    """A value Python cannot hold as written (a 5000-digit integer), or nesting past the stack."""
+
+
 def load(text: str | bytes) -> Any:
     """One YAML (or JSON) document, with aliases bounded; raises yaml.YAMLError (YamlBombError)."""
     loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()
+    except (ValueError, OverflowError) as error:
+        raise YamlValueError(f"a value cannot be read: {error}") from None
+    except RecursionError:
+        raise YamlValueError("the document is nested too deeply") from None
     finally:
         loader.dispose()
 
@@ -109,5 +117,9 @@ def load_all(text: str | bytes) -> list[Any]:
         while loader.check_data():  # type: ignore[no-untyped-call]
             documents.append(loader.get_data())
         return documents
+    except (ValueError, OverflowError) as error:
+        raise YamlValueError(f"a value cannot be read: {error}") from None
+    except RecursionError:
+        raise YamlValueError("the document is nested too deeply") from None
     finally:
         loader.dispose()

@@ -96,3 +96,35 @@ def test_render_refuses_the_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["render", "-f", str(path)]) == 2
     assert time.perf_counter() - started < 2
     assert "expands through its aliases" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("replicas: " + "9" * 5000 + "\n", "cannot be read"),
+        ("a: " + "[" * 20000 + "]" * 20000 + "\n", "nested too deeply"),
+    ],
+)
+def test_values_python_cannot_hold_are_yaml_errors(text: str, message: str) -> None:
+    with pytest.raises(yaml.YAMLError, match=message):
+        safe_yaml.load(text)
+
+
+def test_a_5000_digit_number_in_a_request_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "chat.yaml"
+    path.write_text("max_tokens: " + "9" * 5000 + "\nmessages: [{role: user, content: hi}]\n")
+    code = main(
+        [
+            "canary",
+            "--replica",
+            "http://127.0.0.1:9",
+            "--replica",
+            "http://127.0.0.1:10",
+            "--request",
+            str(path),
+        ]
+    )
+    assert code == 3
+    assert "cannot be read" in capsys.readouterr().err

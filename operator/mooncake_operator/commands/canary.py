@@ -184,12 +184,11 @@ def register(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
+        result = asyncio.run(run_canary(config))
+        output = render_json(result) + "\n" if args.json else render_table(result)
     except UsageError as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
         return ExitCode.USAGE_OR_ENVIRONMENT
-    try:
-        result = asyncio.run(run_canary(config))
-        output = render_json(result) + "\n" if args.json else render_table(result)
     except Exception:
         # Exit 1 means Failed (a finding about the replicas); a defect of ours must not read as one.
         print(
