@@ -105,3 +105,29 @@ async def test_an_apply_the_api_server_refuses_is_a_condition(
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed")
     assert "StatefulSet/demo-replica" in ready["message"]
     assert f"HTTP {code}" in ready["message"] and message in ready["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [("limits", {"memory": "1e999999999"}), ("requests", {"memory": "9" * 5000 + "Gi"})],
+)
+async def test_absurd_quantities_are_invalid_not_retried_exceptions(
+    path: str, value: dict[str, str], closing: list[Runtime]
+) -> None:
+    resource = _demo_resource()
+    resource["spec"]["engine"]["resources"] = {path: value}
+    status_patches: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            return httpx.Response(200, json=resource)
+        if request.url.path.endswith("/status"):
+            status_patches.append(json.loads(request.content))
+        return httpx.Response(200, json=resource)
+
+    runtime = runtime_answering(handler)
+    closing.append(runtime)
+    outcome = await reconcile(runtime, "ns", "demo")
+    assert outcome.result is ReconcileResult.INVALID
+    assert status_patches[-1]["status"]["phase"] == "Invalid"
+    assert "too large" in outcome.message
