@@ -47,7 +47,8 @@ async def gzip_bomb_metrics() -> str:
             elapsed = time.perf_counter() - started
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
-    return f"gzip bomb, {len(body) // 1024} KiB wire / 256 MiB decoded: {outcome} in {elapsed:.3f} s, peak {peak / MIB:.1f} MiB"
+    wire = len(body) // 1024
+    return f"gzip bomb, {wire} KiB wire / 256 MiB decoded: {outcome} in {elapsed:.3f} s, peak {peak / MIB:.1f} MiB"
 
 
 def yaml_bomb() -> str:
