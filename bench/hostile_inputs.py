@@ -48,7 +48,10 @@ async def gzip_bomb_metrics() -> str:
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
     wire = len(body) // 1024
-    return f"gzip bomb, {wire} KiB wire / 256 MiB decoded: {outcome} in {elapsed:.3f} s, peak {peak / MIB:.1f} MiB"
+    return (
+        f"gzip bomb, {wire} KiB wire / 256 MiB decoded: {outcome} in {elapsed:.3f} s, "
+        f"peak {peak / MIB:.1f} MiB"
+    )
 
 
 def yaml_bomb() -> str:
