@@ -151,7 +151,8 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    # One operator replica (Recreate), no peering objects and no RBAC for them.
+    # No kopf peering (it pauses every operator of equal priority): `run` elects a leader on a Lease
+    # (mooncake_operator.leader) before kopf starts.
     settings.peering.standalone = True
     settings.peering.mandatory = False
     # The API server parses ?timeoutSeconds= as an integer ("300.0" is a 400 Bad Request).
