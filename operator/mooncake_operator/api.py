@@ -592,6 +592,9 @@ class CanaryTarget(ApiModel):
     master_pod: str | None = Field(default=None, description="UID of the master pod.")
     master_restarts: int = Field(default=0, ge=0, description="Container restarts of the master pod.")
     rerun: str | None = Field(default=None, description="Value of the rerun-canary annotation.")
+    master_leader: str | None = Field(
+        default=None, description="Highly available masters: the pod that led (Mooncake's own view)."
+    )
 
 
 class CanaryStatus(ApiModel):
@@ -603,6 +606,16 @@ class CanaryStatus(ApiModel):
     finished_at: str | None = None
     pairs: list[PairEvidence] = Field(default_factory=list)
     target: CanaryTarget | None = None
+
+
+class HighAvailabilityStatus(ApiModel):
+    """Which master leads, as the masters themselves report it (/health), and how often it changed."""
+
+    leader: str | None = Field(default=None, description="Pod of the leading master; unset while none leads.")
+    leader_address: str | None = Field(default=None, description="The address the leader publishes.")
+    view_version: int | None = Field(default=None, ge=0, description="Mooncake's master-view version.")
+    failovers: int = Field(default=0, ge=0, description="Leader changes the operator observed.")
+    last_failover_time: str | None = Field(default=None, description="RFC 3339 time of the last one.")
 
 
 class MooncakeServingStatus(ApiModel):
@@ -619,6 +632,9 @@ class MooncakeServingStatus(ApiModel):
     )
     out_of_traffic: list[str] = Field(
         default_factory=list, description="Replica pods out of the client Service."
+    )
+    high_availability: HighAvailabilityStatus | None = Field(
+        default=None, description="The masters' leader (store.master.highAvailability only)."
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.render import LABEL_MANAGED_BY, MANAGED_BY, ChildRef
 
 Manifest = dict[str, Any]
 
@@ -105,3 +106,17 @@ async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> li
             await kube.apply(desired, field_manager=FIELD_MANAGER)
         results.append(AppliedChild(desired["kind"], metadata["name"], why))
     return results
+
+
+async def remove_obsolete(kube: KubeClient, namespace: str, refs: Sequence[ChildRef]) -> list[ChildRef]:
+    """Delete the children the spec no longer renders (e.g. the single master after switching to highly
+    available masters) when they exist and this operator manages them; returns what was deleted."""
+    removed = []
+    for ref in refs:
+        live = await kube.get_or_none(ref.api_version, ref.kind, ref.name, namespace)
+        labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+        if live is None or labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
+            continue
+        await kube.delete(ref.api_version, ref.kind, ref.name, namespace, missing_ok=True)
+        removed.append(ref)
+    return removed

@@ -33,8 +33,8 @@ from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
-from mooncake_operator.reconcile import proof, status
-from mooncake_operator.reconcile.children import ensure_children
+from mooncake_operator.reconcile import leader, proof, status
+from mooncake_operator.reconcile.children import ensure_children, remove_obsolete
 from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
@@ -202,6 +202,7 @@ class _StatusWriter:
             "serving_revision": self.current.serving_revision,
             "failed_revision": self.current.failed_revision,
             "out_of_traffic": list(self.current.out_of_traffic),
+            "high_availability": self.current.high_availability,
         }
 
     async def invalid(self, problems: list[str]) -> Outcome:
@@ -230,6 +231,7 @@ class _Pass:
         self.uid: str = body["metadata"]["uid"]
         self.namespace = resource.metadata.namespace
         self.rerun = resource.metadata.annotations.get(RERUN_CANARY_ANNOTATION)
+        self.high_availability = state.current.high_availability
 
     @property
     def rerun_requested(self) -> bool:
@@ -265,6 +267,7 @@ class _Pass:
             "serving_revision": revisions.serving,
             "failed_revision": revisions.failed,
             "last_good_revision": revisions.last_good,
+            "high_availability": self.high_availability,
         }
         return {**values, **changes}
 
@@ -275,7 +278,9 @@ class _Pass:
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
-        observation = await observe(self.kube, serving)
+        if written:  # only a change of the rendered children can make others obsolete (no idle reads)
+            await remove_obsolete(self.kube, self.namespace, render.obsolete_children(serving))
+        observation = await self.observe_leader(serving, await observe(self.kube, serving))
         held = list(self.state.current.out_of_traffic)
         await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
         enabled = self.resource.spec.canary.enabled
@@ -305,6 +310,22 @@ class _Pass:
             await self.state.write(verdict, **self.fields(revisions, observation))
             return self.outcome(verdict, last, revisions)
         return await self.prove(serving, revisions, observation, target, why)
+
+    async def observe_leader(self, serving: MooncakeServing, observation: Observation) -> Observation:
+        """Highly available masters: the leader from the masters' own view; an event on a failover."""
+        urls = self.settings.master_endpoints_for(self.namespace, serving.metadata.name)
+        found = await leader.observe_leader(self.runtime.http, serving, observation, urls)
+        if found is None:
+            self.high_availability = None
+            return observation
+        now = proof.format_time(self.state.now)
+        self.high_availability, failover = leader.track(self.high_availability, found, now=now)
+        if failover is not None:
+            logger.info("%s/%s %s", self.namespace, serving.metadata.name, failover)
+            await self.kube.create_event(
+                self.state.body, reason="MasterFailover", message=failover, type="Warning"
+            )
+        return found.observation
 
     def settled(
         self, observation: Observation, revisions: status.Revisions, canary: CanaryStatus | None
@@ -343,6 +364,7 @@ class _Pass:
             master_pod=master.uid if master else None,
             master_restarts=master.restarts if master else 0,
             rerun=self.rerun,
+            master_leader=master.name if master and render.ha_enabled(serving) else None,
         )
 
     def replica_urls(self, serving: MooncakeServing) -> list[str] | str:

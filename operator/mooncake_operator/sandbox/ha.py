@@ -20,7 +20,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -28,6 +27,7 @@ from mooncake_operator import render
 from mooncake_operator.api import EtcdSpec, ExternalEtcd, MasterHighAvailability, MooncakeServing
 from mooncake_operator.engine_args import HaTopology, master_argv
 from mooncake_operator.examples import customer_deployment
+from mooncake_operator.master_health import HEALTH_PATH, MasterView
 from mooncake_operator.sandbox.errors import MasterDownError, SandboxSetupError
 from mooncake_operator.sandbox.processes import ManagedProcess, free_port, stop_processes
 from mooncake_operator.sandbox.progress import Progress
@@ -71,33 +71,10 @@ class MasterNode:
 
     @property
     def health_url(self) -> str:
-        return f"http://{LOOPBACK}:{self.metrics_port}/health"
+        return f"http://{LOOPBACK}:{self.metrics_port}{HEALTH_PATH}"
 
     def alive(self) -> bool:
         return self.process is not None and self.process.exit_code() is None
-
-
-@dataclass(frozen=True)
-class MasterView:
-    """One master's answer to /health: Mooncake's own view of who leads."""
-
-    node: str
-    role: str
-    serving: bool
-    leader_address: str | None
-    view_version: int | None
-
-    @classmethod
-    def parse(cls, node: str, body: Mapping[str, Any]) -> MasterView:
-        version = body.get("view_version")
-        leader = body.get("leader_address")
-        return cls(
-            node=node,
-            role=str(body.get("role", "")),
-            serving=body.get("service_ready") is True,
-            leader_address=str(leader) if leader else None,
-            view_version=version if isinstance(version, int) else None,
-        )
 
 
 @dataclass(eq=False)
@@ -129,7 +106,7 @@ class HaMasters:
         if not any(node.alive() for node in self.nodes):
             raise MasterDownError("every mooncake_master has exited; the store has no master")
 
-    async def views(self, client: httpx.AsyncClient) -> list[MasterView]:
+    async def views(self, client: httpx.AsyncClient) -> list[tuple[MasterNode, MasterView]]:
         """/health of every running master (masters that do not answer are left out)."""
         found = []
         for node in self.nodes:
@@ -141,15 +118,13 @@ class HaMasters:
             except (httpx.HTTPError, ValueError):
                 continue
             if isinstance(body, dict):
-                found.append(MasterView.parse(node.name, body))
+                found.append((node, MasterView.parse(body)))
         return found
 
     async def leader(self, client: httpx.AsyncClient) -> MasterNode | None:
         """The master that says it leads and serves, and whose address the others see as the leader's."""
-        views = await self.views(client)
-        for view in views:
-            node = next(n for n in self.nodes if n.name == view.node)
-            if view.role == "leader" and view.serving and view.leader_address == node.address:
+        for node, view in await self.views(client):
+            if view.leads and view.leader_address == node.address:
                 return node
         return None
 
@@ -163,7 +138,7 @@ class HaMasters:
             if leader is not None:
                 return leader
             await asyncio.sleep(_POLL_S)
-        views = await self.views(client)
+        views = {node.name: view for node, view in await self.views(client)}
         raise SandboxSetupError(f"no master became a serving leader within {timeout_s:.0f} s; views: {views}")
 
     def kill(self, node: MasterNode) -> None:
