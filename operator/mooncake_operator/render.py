@@ -747,20 +747,18 @@ class ChildRef:
     name: str
 
 
-def obsolete_children(resource: MooncakeServing) -> list[ChildRef]:
-    """Children of the other master mode (or of an etcd no longer operator-run): deleted when found."""
+def retired_workloads(resource: MooncakeServing) -> list[ChildRef]:
+    """Workloads of the other master mode (or of an etcd no longer operator-run). The operator scales them
+    to zero when found (it holds no delete permission); the garbage collector removes them with the
+    resource. Their Services stay too: nothing uses them (clients follow etcd or the master Service)."""
     names, ha_names = ChildNames.of(resource.metadata.name), HaNames.of(resource.metadata.name)
-    etcd = [ChildRef("apps/v1", "StatefulSet", ha_names.etcd), ChildRef("v1", "Service", ha_names.etcd)]
+    etcd = ChildRef("apps/v1", "StatefulSet", ha_names.etcd)
     if not ha_enabled(resource):
-        return [
-            ChildRef("apps/v1", "StatefulSet", names.master),
-            ChildRef("v1", "Service", ha_names.masters_headless),
-            *etcd,
-        ]
-    stale = [ChildRef("apps/v1", "Deployment", names.master), ChildRef("v1", "Service", names.master)]
+        return [ChildRef("apps/v1", "StatefulSet", names.master), etcd]
+    retired = [ChildRef("apps/v1", "Deployment", names.master)]
     if resource.spec.store.master.high_availability.etcd.managed_or_default() is None:
-        stale += etcd
-    return stale
+        retired.append(etcd)
+    return retired
 
 
 def _master_children(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:

@@ -20,12 +20,13 @@ from tests.cluster.operator_harness import (
     operator_settings,
     run_operator,
     serving,
+    wait_for_phase,
 )
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_masters import FakeMasters
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import render
+from mooncake_operator import api, render
 from mooncake_operator.api import parse_resource
 from mooncake_operator.kube import KubeClient
 
@@ -90,7 +91,16 @@ async def test_the_operator_follows_the_leader_and_recanaries_on_a_failover(
     masters.lead(0, view=2)
     with run_operator(settings):
         async with FakeKubelet(kube, namespace):
-            await kube.create(ha_serving(namespace, HA_EXTERNAL))
+            # Start with the single master, then switch to highly available masters.
+            await kube.create(serving(namespace))
+            await wait_for_phase(kube, namespace, "Ready", within=60)
+            await kube.patch_merge(
+                api.API_VERSION,
+                api.KIND,
+                "demo",
+                {"spec": {"store": {"master": {"highAvailability": HA_EXTERNAL}}}},
+                namespace,
+            )
 
             async def ready_with(leader: str, failovers: int) -> dict[str, Any] | None:
                 body = await get_serving(kube, namespace)
@@ -108,15 +118,11 @@ async def test_the_operator_follows_the_leader_and_recanaries_on_a_failover(
                 lambda: ready_with("demo-master-0", 0), within=60, what="Ready, master-0 leads"
             )
             assert first["status"]["highAvailability"]["leaderAddress"] == "10.0.0.10:50051"
-            children = {
-                (kind, item["metadata"]["name"])
-                for kind in ("StatefulSet", "Deployment")
-                for item in await kube.list("apps/v1", kind, namespace)
-            }
-            assert ("StatefulSet", "demo-master") in children and (
-                "Deployment",
-                "demo-master",
-            ) not in children
+            # The single master's Deployment is retired: scaled to zero (the operator holds no delete).
+            retired = await kube.get("apps/v1", "Deployment", "demo-master", namespace)
+            assert retired["spec"]["replicas"] == 0
+            statefulset = await kube.get("apps/v1", "StatefulSet", "demo-master", namespace)
+            assert statefulset["spec"]["replicas"] == 3
 
             # The leader dies; while the standbys elect, no master leads: MasterReady goes False.
             masters.kill(0)

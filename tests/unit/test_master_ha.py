@@ -205,17 +205,16 @@ def test_external_tls_etcd_mounts_the_ca_for_masters_and_replicas() -> None:
     )
 
 
-def test_switching_modes_names_the_other_modes_children_obsolete() -> None:
-    single = [(ref.kind, ref.name) for ref in render.obsolete_children(customer_deployment())]
-    assert ("StatefulSet", "minimax-m25-master") in single and ("StatefulSet", "minimax-m25-etcd") in single
-    ha = [(ref.kind, ref.name) for ref in render.obsolete_children(resource_with({"enabled": True}))]
-    assert ha == [("Deployment", "minimax-m25-master"), ("Service", "minimax-m25-master")]
+def test_switching_modes_retires_the_other_modes_workloads() -> None:
+    single = [(ref.kind, ref.name) for ref in render.retired_workloads(customer_deployment())]
+    assert single == [("StatefulSet", "minimax-m25-master"), ("StatefulSet", "minimax-m25-etcd")]
+    ha = [(ref.kind, ref.name) for ref in render.retired_workloads(resource_with({"enabled": True}))]
+    assert ha == [("Deployment", "minimax-m25-master")]
     external = resource_with({"enabled": True, "etcd": {"external": {"endpoints": ["e:2379"]}}})
-    assert ("StatefulSet", "minimax-m25-etcd") in [
-        (r.kind, r.name) for r in render.obsolete_children(external)
-    ]
+    retired = {(r.kind, r.name) for r in render.retired_workloads(external)}
+    assert ("StatefulSet", "minimax-m25-etcd") in retired
     rendered = {(m["kind"], m["metadata"]["name"]) for m in render.render_all(external, owner_uid=None)}
-    assert not rendered & {(r.kind, r.name) for r in render.obsolete_children(external)}
+    assert not rendered & retired
 
 
 # --- the leader, from the masters' own view -------------------------------------------------------------

@@ -108,15 +108,20 @@ async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> li
     return results
 
 
-async def remove_obsolete(kube: KubeClient, namespace: str, refs: Sequence[ChildRef]) -> list[ChildRef]:
-    """Delete the children the spec no longer renders (e.g. the single master after switching to highly
-    available masters) when they exist and this operator manages them; returns what was deleted."""
-    removed = []
+async def scale_down_retired(kube: KubeClient, namespace: str, refs: Sequence[ChildRef]) -> list[ChildRef]:
+    """Scale to zero the workloads the spec no longer renders (e.g. the single master's Deployment after a
+    switch to highly available masters) when they exist, are this operator's and still run pods."""
+    scaled = []
     for ref in refs:
         live = await kube.get_or_none(ref.api_version, ref.kind, ref.name, namespace)
-        labels = ((live or {}).get("metadata") or {}).get("labels") or {}
-        if live is None or labels.get(LABEL_MANAGED_BY) != MANAGED_BY:
+        if live is None:
             continue
-        await kube.delete(ref.api_version, ref.kind, ref.name, namespace, missing_ok=True)
-        removed.append(ref)
-    return removed
+        labels = (live.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or (live.get("spec") or {}).get("replicas") == 0:
+            continue
+        patch = {"spec": {"replicas": 0}}
+        await kube.patch_merge(
+            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=FIELD_MANAGER
+        )
+        scaled.append(ref)
+    return scaled

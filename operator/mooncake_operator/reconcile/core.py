@@ -34,7 +34,7 @@ from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
 from mooncake_operator.reconcile import leader, proof, status
-from mooncake_operator.reconcile.children import ensure_children, remove_obsolete
+from mooncake_operator.reconcile.children import ensure_children, scale_down_retired
 from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
@@ -278,8 +278,8 @@ class _Pass:
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
-        if written:  # only a change of the rendered children can make others obsolete (no idle reads)
-            await remove_obsolete(self.kube, self.namespace, render.obsolete_children(serving))
+        if written:  # only a change of the rendered children can retire others (no idle reads)
+            await scale_down_retired(self.kube, self.namespace, render.retired_workloads(serving))
         observation = await self.observe_leader(serving, await observe(self.kube, serving))
         held = list(self.state.current.out_of_traffic)
         await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
