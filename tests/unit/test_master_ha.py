@@ -18,11 +18,14 @@ from mooncake_operator.api import (
     MooncakeServing,
     parse_resource,
 )
+from mooncake_operator.cli import build_parser
+from mooncake_operator.commands import sandbox as sandbox_command
 from mooncake_operator.engine_args import HaTopology, master_argv, replica_launch
 from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
 from mooncake_operator.master_health import MasterView
 from mooncake_operator.reconcile import leader, proof
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.sandbox import SandboxOptions
 from mooncake_operator.sandbox.ha import sandbox_ha_resource
 
 pytestmark = pytest.mark.unit
@@ -313,3 +316,19 @@ def test_a_leader_change_makes_the_canary_due() -> None:
         proof.canary_due(last, target("m-0"), now=now, interval_seconds=None, inconclusive_retry_seconds=60)
         is None
     )
+
+
+# --- the sandbox command ------------------------------------------------------------------------------
+
+
+def test_the_sandbox_ha_flags_parse_and_no_oplog_needs_master_ha(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["sandbox", "--master-ha", "--no-oplog"])
+    assert (args.master_ha, args.no_oplog) == (True, True)
+    alone = build_parser().parse_args(["sandbox", "--no-oplog"])
+    assert sandbox_command._run(alone) == sandbox_command.ExitCode.SETUP_ERROR  # before any install
+    assert "--no-oplog needs --master-ha" in capsys.readouterr().err
+
+
+def test_sandbox_options_refuse_a_single_ha_master() -> None:
+    with pytest.raises(ValueError, match="at least 2"):
+        SandboxOptions(ha_masters=1)

@@ -152,6 +152,9 @@ def _terminate(signum: int, frame: object) -> None:
 def _run(args: argparse.Namespace) -> int:
     engine = EngineMode(args.engine)
     log = _stderr_line
+    if args.no_oplog and not args.master_ha:
+        log("setup error: --no-oplog needs --master-ha (it is about the highly available masters' oplog)")
+        return ExitCode.SETUP_ERROR
     signal.signal(signal.SIGTERM, _terminate)
     try:
         # Outside the namespace: the first run installs packages.
@@ -172,9 +175,6 @@ def _run(args: argparse.Namespace) -> int:
             status = f"patch_connector.py status: {build.patcher_status}"
             log(f"engine {build.mode.value}: {build.pythonpath} ({status})")
         return ExitCode.PASSED
-    if args.no_oplog and not args.master_ha:
-        log("setup error: --no-oplog needs --master-ha")
-        return ExitCode.SETUP_ERROR
     isolated = _enter_private_netns()
     options = SandboxOptions(
         replicas=args.replicas,
