@@ -212,9 +212,10 @@ class Sandbox:
         speculative = any(replica.speculative for replica in self.replicas) or self.options.speculative
         spec = sandbox_spec(speculative=speculative)
         lines = describe_substitutions(spec, substitutions_for(self.prepared.models, speculative=speculative))
-        lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
-        if self.ha is not None:
-            lines += self.ha.describe()
+        if self.ha is None:
+            lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
+        else:
+            lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free)", *self.ha.describe()]
         lines += [f"mooncake_master {arg} (sandbox only; default 10 s)" for arg in MASTER_EXTRA_ARGS]
         lines += [f"env {key}={value} (sandbox only)" for key, value in SANDBOX_RUNTIME_ENV.items()]
         for replica in self.replicas:
