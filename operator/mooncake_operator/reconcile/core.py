@@ -278,7 +278,7 @@ class _Pass:
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
-        if written:  # only a change of the rendered children can retire others (no idle reads)
+            # Only a change of the rendered children can retire others (so no reads when idle).
             await scale_down_retired(self.kube, self.namespace, render.retired_workloads(serving))
         observation = await self.observe_leader(serving, await observe(self.kube, serving))
         held = list(self.state.current.out_of_traffic)
