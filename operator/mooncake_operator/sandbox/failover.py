@@ -1,13 +1,14 @@
 """The failover proof: kill the leading master while the store holds a prefix, then prove the store again.
 
 1. A "pre-failover" prefix: the canary's request with a salt of its own goes to the first replica (cold);
-   its store `save_put` keys must rise, i.e. the store holds the prefix. The second replica's counters
-   are read; it has never seen that salt.
+   its store `save_put` keys must rise, i.e. the store holds the prefix. The second replica has never
+   seen that salt.
 2. The leading master is killed (SIGKILL), and the sandbox waits until a standby leads and serves
    (Mooncake's own /health says so).
 3. Fresh pairs (writer -> reader, a new salt each) are tried until one passes as a canary pair: the
    failover time is "leader killed -> a warm load succeeds again" (`warm_load_after_s`).
-4. The pre-failover prefix is then sent to the second replica, and the pair (cold answer from before the
+4. The pre-failover prefix is then sent to the second replica (its counters read just before, so only
+   this request counts), and the pair (cold answer from before the
    failover, warm answer from after it) is judged by the canary's own rules: with the oplog it must
    pass (warm == cold, external hit as expected); without it the new leader knows nothing of it and the
    pair shows no external hit: the prefix is lost (Inconclusive, stated, never hidden).
@@ -115,7 +116,6 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
         raise FailoverError(
             f"{writer} answered but its store {SAVE_PUT} keys did not rise: nothing to fail over"
         )
-    reader_before = await _counters(client, reader, config)
 
     leader = await ha.wait_for_leader(client)
     sandbox.progress.phase(f"the store holds the prefix ({stored} keys); killing the leader {leader.name}")
@@ -139,6 +139,8 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
             )
     warm_load_after = time.monotonic() - killed_at
 
+    # Read now, not before the failover: the fresh pairs' loads must not count for this prefix.
+    reader_before = await _counters(client, reader, config)
     warm = await chat(client, reader, config.request, cache_salt=salt, timeout=timeout)
     reader_after = await _counters(client, reader, config) if warm.ok else None
     evidence = PairEvidence(
