@@ -4,6 +4,7 @@ the leader as the operator reads it from the masters, failover counting and the 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from mooncake_operator.api import (
 )
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands import sandbox as sandbox_command
+from mooncake_operator.commands.run import settings_from
 from mooncake_operator.engine_args import HaTopology, master_argv, replica_launch
 from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
 from mooncake_operator.master_health import MasterView
@@ -332,3 +334,12 @@ def test_the_sandbox_ha_flags_parse_and_no_oplog_needs_master_ha(capsys: pytest.
 def test_sandbox_options_refuse_a_single_ha_master() -> None:
     with pytest.raises(ValueError, match="at least 2"):
         SandboxOptions(ha_masters=1)
+
+
+def test_the_run_command_reads_master_endpoints(tmp_path: Path) -> None:
+    masters = tmp_path / "masters.yaml"
+    masters.write_text("ns/demo: [http://127.0.0.1:9003, http://127.0.0.1:9004]\n")
+    args = build_parser().parse_args(["run", "--master-endpoints", str(masters)])
+    settings = settings_from(args)
+    assert settings.master_endpoints_for("ns", "demo") == ("http://127.0.0.1:9003", "http://127.0.0.1:9004")
+    assert settings.master_endpoints_for("ns", "other") is None
