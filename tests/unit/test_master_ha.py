@@ -143,6 +143,8 @@ def test_managed_etcd_children_and_client_config() -> None:
         {"enabled": True, "etcd": {"managed": {"replicas": 3, "storageClassName": "fast"}}}
     )
     assert kinds(resource) == [
+        "NetworkPolicy/minimax-m25-master",
+        "NetworkPolicy/minimax-m25-replica",
         "ConfigMap/minimax-m25-store-config",
         "Service/minimax-m25-etcd",
         "StatefulSet/minimax-m25-etcd",
@@ -151,6 +153,7 @@ def test_managed_etcd_children_and_client_config() -> None:
         "Service/minimax-m25-replicas",
         "StatefulSet/minimax-m25-replica",
         "Service/minimax-m25",
+        "PodDisruptionBudget/minimax-m25-replica",
     ]
     config = yaml.safe_load(render.store_config_json(resource))
     endpoints = [f"minimax-m25-etcd-{i}.minimax-m25-etcd.default.svc:2379" for i in range(3)]
@@ -343,3 +346,18 @@ def test_the_run_command_reads_master_endpoints(tmp_path: Path) -> None:
     settings = settings_from(args)
     assert settings.master_endpoints_for("ns", "demo") == ("http://127.0.0.1:9003", "http://127.0.0.1:9004")
     assert settings.master_endpoints_for("ns", "other") is None
+
+
+def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
+    def metrics_rules(resource: MooncakeServing) -> list[dict[str, Any]]:
+        policy = render.network_policies(resource, owner_uid=None)[0]
+        return [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == 9003]
+
+    assert metrics_rules(customer_deployment()) == []  # the operator never asks a single master
+    (rule,) = metrics_rules(resource_with({"enabled": True}))
+    assert rule["from"] == [
+        {
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mooncake-operator"}},
+            "namespaceSelector": {},
+        }
+    ]
