@@ -632,6 +632,8 @@ MANAGED_ENV = {
     "MOONCAKE_CONFIG_PATH": "store",
     "HF_TOKEN": "model.hfTokenSecretRef",
     "HF_HOME": "model.cache",
+    "MC_STORE_CLUSTER_ID": "store.master.highAvailability",
+    "SSL_CERT_DIR": "store.master.highAvailability.etcd.external.tls",
     "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "the pod's IP (status.podIP), the store client's address",
 }
 
@@ -711,6 +713,110 @@ class SpeculativeSpec(ApiModel):
         return self
 
 
+# --- master high availability --------------------------------------------------------------------------
+
+# The operator-run etcd's default image (etcd's own release image; the binary is on its PATH).
+DEFAULT_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
+# host:port of an etcd client endpoint, without a scheme: `tls` decides between http and https.
+_ETCD_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?:[0-9]{1,5}$")
+
+
+def _check_etcd_endpoint(value: str) -> str:
+    if _ETCD_ENDPOINT_RE.match(value) is None or not 1 <= int(value.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(
+            f"etcd endpoint {value!r} must be host:port without a scheme, e.g. etcd-0.etcd.infra.svc:2379 "
+            "(set etcd.external.tls for https)"
+        )
+    return value
+
+
+EtcdEndpoint = Annotated[str, AfterValidator(_check_etcd_endpoint)]
+
+
+class EtcdCaSecretRef(ApiModel):
+    """The Secret key holding the PEM CA certificate that signed the etcd server's certificate."""
+
+    name: str = Field(min_length=1, description="Name of the Secret (in the resource's namespace).")
+    key: str = Field(default="ca.crt", min_length=1, description="Key of the PEM CA certificate.")
+
+
+class EtcdTls(ApiModel):
+    """https to a user-provided etcd. The pinned Mooncake verifies the server against this CA; it cannot
+    present a client certificate, so etcd must not require one (no --client-cert-auth)."""
+
+    ca_secret_ref: EtcdCaSecretRef = Field(description="CA certificate of the etcd server.")
+
+
+class ExternalEtcd(ApiModel):
+    endpoints: list[EtcdEndpoint] = Field(
+        min_length=1, description="etcd client endpoints, host:port each (e.g. etcd-0.etcd.infra.svc:2379)."
+    )
+    tls: EtcdTls | None = Field(default=None, description="Connect with https, verifying this CA.")
+
+
+class ManagedEtcd(ApiModel):
+    """An etcd the operator runs for this resource: a StatefulSet with a volume per member."""
+
+    image: str = Field(default=DEFAULT_ETCD_IMAGE, min_length=1, description="etcd image (etcd on PATH).")
+    replicas: int = Field(default=1, ge=1, le=5, description="etcd members: 1, 3 or 5.")
+    storage_size: Quantity = Field(default="1Gi", description="PersistentVolumeClaim size per member.")
+    storage_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="StorageClass of the members' claims (cluster default if unset).",
+    )
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+
+    @model_validator(mode="after")
+    def _odd_members(self) -> ManagedEtcd:
+        if self.replicas % 2 == 0:
+            raise ValueError(
+                f"etcd.managed.replicas must be odd (1, 3 or 5), got {self.replicas}: an even member count "
+                "tolerates no more failures than the odd count below it"
+            )
+        return self
+
+
+class EtcdSpec(ApiModel):
+    """Where the masters elect their leader: an etcd you run (`external`) or one the operator runs
+    (`managed`, the default when neither is set)."""
+
+    external: ExternalEtcd | None = Field(default=None, description="A user-provided etcd.")
+    managed: ManagedEtcd | None = Field(default=None, description="An etcd the operator runs.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EtcdSpec:
+        if self.external is not None and self.managed is not None:
+            raise ValueError(
+                "store.master.highAvailability.etcd: set either external (your etcd) or managed (one the "
+                "operator runs), not both"
+            )
+        return self
+
+    def managed_or_default(self) -> ManagedEtcd | None:
+        """The managed etcd's settings, or None when the user provides etcd."""
+        if self.external is not None:
+            return None
+        return self.managed or ManagedEtcd()
+
+
+class MasterHighAvailability(ApiModel):
+    """Several mooncake_master processes, one leader elected through etcd; store clients follow it."""
+
+    enabled: bool = Field(default=False, description="Run several masters with leader election.")
+    replicas: int = Field(
+        default=3, ge=2, le=7, description="Number of masters (one leader, the rest standby)."
+    )
+    enable_oplog: bool = Field(
+        default=True,
+        description=(
+            "Replicate the leader's metadata to the standbys through etcd (-enable_oplog). Without it a new "
+            "leader starts empty: every prefix stored before the failover is lost to the replicas."
+        ),
+    )
+    etcd: EtcdSpec = Field(default_factory=EtcdSpec, description="The etcd the masters elect through.")
+
+
 class MasterSpec(ApiModel):
     image: str | None = Field(
         default=None,
@@ -720,6 +826,10 @@ class MasterSpec(ApiModel):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     rpc_port: int = Field(default=50051, ge=1, le=65535)
     metrics_port: int = Field(default=9003, ge=1, le=65535)
+    high_availability: MasterHighAvailability = Field(
+        default_factory=MasterHighAvailability,
+        description="Several masters with leader election through etcd (off by default).",
+    )
     scheduling: Scheduling | None = Field(default=None, description="Where the master pod runs.")
 
     @model_validator(mode="after")
@@ -961,6 +1071,9 @@ class CanaryTarget(ApiModel):
     master_pod: str | None = Field(default=None, description="UID of the master pod.")
     master_restarts: int = Field(default=0, ge=0, description="Container restarts of the master pod.")
     rerun: str | None = Field(default=None, description="Value of the rerun-canary annotation.")
+    master_leader: str | None = Field(
+        default=None, description="Highly available masters: the pod that led (Mooncake's own view)."
+    )
 
 
 class CanaryStatus(ApiModel):
@@ -972,6 +1085,16 @@ class CanaryStatus(ApiModel):
     finished_at: str | None = None
     pairs: list[PairEvidence] = Field(default_factory=list)
     target: CanaryTarget | None = None
+
+
+class HighAvailabilityStatus(ApiModel):
+    """Which master leads, as the masters themselves report it (/health), and how often it changed."""
+
+    leader: str | None = Field(default=None, description="Pod of the leading master; unset while none leads.")
+    leader_address: str | None = Field(default=None, description="The address the leader publishes.")
+    view_version: int | None = Field(default=None, ge=0, description="Mooncake's master-view version.")
+    failovers: int = Field(default=0, ge=0, description="Leader changes the operator observed.")
+    last_failover_time: str | None = Field(default=None, description="RFC 3339 time of the last one.")
 
 
 class MooncakeServingStatus(ApiModel):
@@ -988,6 +1111,9 @@ class MooncakeServingStatus(ApiModel):
     )
     out_of_traffic: list[str] = Field(
         default_factory=list, description="Replica pods out of the client Service."
+    )
+    high_availability: HighAvailabilityStatus | None = Field(
+        default=None, description="The masters' leader (store.master.highAvailability only)."
     )
 
 

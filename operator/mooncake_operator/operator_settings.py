@@ -46,6 +46,9 @@ class OperatorSettings:
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9090
     replica_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Highly available masters' admin URLs per "ns/name", in ordinal order, where the operator cannot
+    # resolve the masters' headless Service (an operator outside the cluster, tests).
+    master_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     resync_seconds: float = 30.0
     retry_delay_seconds: float = 10.0
     inconclusive_retry_seconds: float = 60.0
@@ -82,6 +85,9 @@ class OperatorSettings:
 
     def endpoints_for(self, namespace: str, name: str) -> tuple[str, ...] | None:
         return self.replica_endpoints.get(f"{namespace}/{name}")
+
+    def master_endpoints_for(self, namespace: str, name: str) -> tuple[str, ...] | None:
+        return self.master_endpoints.get(f"{namespace}/{name}")
 
 
 def parse_replica_endpoints(document: Any, source: str = "replica endpoints") -> dict[str, tuple[str, ...]]:

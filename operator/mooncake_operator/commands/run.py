@@ -60,6 +60,12 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help='YAML map "<namespace>/<name>": [url, ...] overriding the per-replica DNS URLs',
     )
+    parser.add_argument(
+        "--master-endpoints",
+        type=Path,
+        metavar="FILE",
+        help='YAML map "<namespace>/<name>": [url, ...] overriding the HA masters\' admin URLs (by ordinal)',
+    )
     parser.add_argument("--resync-seconds", type=float, default=30.0, metavar="S")
     parser.add_argument("--retry-delay-seconds", type=float, default=10.0, metavar="S")
     parser.add_argument("--inconclusive-retry-seconds", type=float, default=60.0, metavar="S")
@@ -88,6 +94,7 @@ def register(subparsers: Any) -> None:
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
     endpoints = load_replica_endpoints(args.replica_endpoints) if args.replica_endpoints else {}
+    masters = load_replica_endpoints(args.master_endpoints) if args.master_endpoints else {}
     return OperatorSettings(
         namespaces=tuple(args.namespace),
         kubeconfig=args.kubeconfig,
@@ -97,6 +104,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         replica_endpoints=endpoints,
+        master_endpoints=masters,
         resync_seconds=args.resync_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,

@@ -18,6 +18,7 @@ from typing import Any
 from mooncake_operator import api
 from mooncake_operator.kube import KubeApiError, KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.render import LABEL_MANAGED_BY, MANAGED_BY, ChildRef
 
 Manifest = dict[str, Any]
 
@@ -156,3 +157,22 @@ async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> li
                 raise ApplyError(desired["kind"], desired["metadata"]["name"], error) from error
         results.append(AppliedChild(desired["kind"], desired["metadata"]["name"], why))
     return results
+
+
+async def scale_down_retired(kube: KubeClient, namespace: str, refs: Sequence[ChildRef]) -> list[ChildRef]:
+    """Scale to zero the workloads the spec no longer renders (e.g. the single master's Deployment after a
+    switch to highly available masters) when they exist, are this operator's and still run pods."""
+    scaled = []
+    for ref in refs:
+        live = await kube.get_or_none(ref.api_version, ref.kind, ref.name, namespace)
+        if live is None:
+            continue
+        labels = (live.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or (live.get("spec") or {}).get("replicas") == 0:
+            continue
+        patch = {"spec": {"replicas": 0}}
+        await kube.patch_merge(
+            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=FIELD_MANAGER
+        )
+        scaled.append(ref)
+    return scaled

@@ -35,8 +35,13 @@ from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
-from mooncake_operator.reconcile import proof, status
-from mooncake_operator.reconcile.children import ApplyError, ImmutableChangeError, ensure_children
+from mooncake_operator.reconcile import leader, proof, status
+from mooncake_operator.reconcile.children import (
+    ApplyError,
+    ImmutableChangeError,
+    ensure_children,
+    scale_down_retired,
+)
 from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.revisions import read_verified_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
@@ -213,6 +218,7 @@ class _StatusWriter:
             "serving_revision": self.current.serving_revision,
             "failed_revision": self.current.failed_revision,
             "out_of_traffic": list(self.current.out_of_traffic),
+            "high_availability": self.current.high_availability,
         }
 
     async def invalid(self, problems: list[str]) -> Outcome:
@@ -241,6 +247,7 @@ class _Pass:
         self.uid: str = body["metadata"]["uid"]
         self.namespace = resource.metadata.namespace
         self.rerun = resource.metadata.annotations.get(RERUN_CANARY_ANNOTATION)
+        self.high_availability = state.current.high_availability
 
     @property
     def rerun_requested(self) -> bool:
@@ -276,6 +283,7 @@ class _Pass:
             "serving_revision": revisions.serving,
             "failed_revision": revisions.failed,
             "last_good_revision": revisions.last_good,
+            "high_availability": self.high_availability,
         }
         return {**values, **changes}
 
@@ -297,7 +305,9 @@ class _Pass:
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
-        observation = await observe(self.kube, serving)
+            # Only a change of the rendered children can retire others (so no reads when idle).
+            await scale_down_retired(self.kube, self.namespace, render.retired_workloads(serving))
+        observation = await self.observe_leader(serving, await observe(self.kube, serving))
         held = list(self.state.current.out_of_traffic)
         await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
         enabled = self.resource.spec.canary.enabled
@@ -327,6 +337,22 @@ class _Pass:
             await self.state.write(verdict, **self.fields(revisions, observation))
             return self.outcome(verdict, last, revisions)
         return await self.prove(serving, revisions, observation, target, why)
+
+    async def observe_leader(self, serving: MooncakeServing, observation: Observation) -> Observation:
+        """Highly available masters: the leader from the masters' own view; an event on a failover."""
+        urls = self.settings.master_endpoints_for(self.namespace, serving.metadata.name)
+        found = await leader.observe_leader(self.runtime.http, serving, observation, urls)
+        if found is None:
+            self.high_availability = None
+            return observation
+        now = proof.format_time(self.state.now)
+        self.high_availability, failover = leader.track(self.high_availability, found, now=now)
+        if failover is not None:
+            logger.info("%s/%s %s", self.namespace, serving.metadata.name, failover)
+            await self.kube.create_event(
+                self.state.body, reason="MasterFailover", message=failover, type="Warning"
+            )
+        return found.observation
 
     def settled(
         self, observation: Observation, revisions: status.Revisions, canary: CanaryStatus | None
@@ -365,6 +391,7 @@ class _Pass:
             master_pod=master.uid if master else None,
             master_restarts=master.restarts if master else 0,
             rerun=self.rerun,
+            master_leader=master.name if master and render.ha_enabled(serving) else None,
         )
 
     def replica_urls(self, serving: MooncakeServing) -> list[str] | str:

@@ -70,6 +70,7 @@ def current_target(
     master_pod: str | None,
     master_restarts: int,
     rerun: str | None,
+    master_leader: str | None = None,
 ) -> CanaryTarget:
     return CanaryTarget(
         revision=revision,
@@ -78,6 +79,7 @@ def current_target(
         master_pod=master_pod,
         master_restarts=master_restarts,
         rerun=rerun,
+        master_leader=master_leader,
     )
 
 
@@ -109,6 +111,8 @@ def canary_due(
     if before.replica_pods != target.replica_pods:
         replaced = sorted(set(target.replica_pods) - set(before.replica_pods))
         return f"replica pods replaced: {', '.join(item.split('=')[0] for item in replaced) or 'scaled'}"
+    if before.master_leader != target.master_leader:
+        return f"the store master failed over (leader {before.master_leader} -> {target.master_leader})"
     if before.master_pod != target.master_pod or target.master_restarts > before.master_restarts:
         return "the store master restarted"
     if before.rerun != target.rerun:
