@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,10 +18,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from mooncake_operator.canary.expectations import Expectation
+from mooncake_operator.canary.models import MAX_BODY_BYTES_LIMIT, check_chat_request
 
 GROUP = "serving.mooncake-operator.dev"
 VERSION = "v1alpha1"
@@ -35,6 +41,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Children are named "<name>-store-config", "<name>-replica-<ordinal>" ...; a StatefulSet's pods carry a
 # "controller-revision-hash" label of "<statefulset>-<10 chars>", which must fit in 63 characters.
 MAX_NAME_LENGTH = 40
+# Replicas of one model sharing one store. 64 replicas of a TP-8 model are 512 GPUs behind one Mooncake
+# master; the canary proves them as a ring, one pair at a time (2 chat requests each), so a full run stays
+# in minutes, and the operator's per-replica Services and reads stay small. Beyond that, shard into
+# several MooncakeServings (each its own store); raise it here, with a measurement, if a user needs more.
+MAX_REPLICAS = 64
+# Largest byte count a size or quantity may state: 2**63 - 1 (Kubernetes quantities are int64 too), so
+# arithmetic on it stays exact and every digit string stays far below Python's int/str conversion limit.
+MAX_BYTES = 2**63 - 1
 
 
 # --- sizes -------------------------------------------------------------------------------------------
@@ -55,7 +69,12 @@ def parse_store_size(value: str) -> int:
             '(binary, as Mooncake reads them: "80GB" is 80 * 1024**3 bytes), e.g. "80GB" or "512MB"'
         )
     number, unit = match.group(1), (match.group(2) or "").lower()
-    return int(Decimal(number) * _STORE_SIZE_UNITS[unit])
+    if len(number) > 40:  # 40 digits already exceed MAX_BYTES; longer ones are refused unparsed
+        raise ValueError(f"size {value[:40]!r}... is too large (at most {MAX_BYTES} bytes)")
+    size = Decimal(number) * _STORE_SIZE_UNITS[unit]
+    if size > MAX_BYTES:
+        raise ValueError(f"size {value!r} is too large (at most {MAX_BYTES} bytes)")
+    return int(size)
 
 
 def _check_store_size(value: str) -> str:
@@ -93,6 +112,9 @@ _DECIMAL_SUFFIXES = {
 def parse_quantity(value: str | int) -> Decimal:
     """The numeric value of a Kubernetes quantity ("64Gi" -> 68719476736, "500m" -> 0.5)."""
     text = str(value).strip()
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    if len(text) > 60:  # no quantity up to MAX_BYTES needs more characters
+        raise ValueError(f"quantity {shown!r} is too large (at most {MAX_BYTES})")
     match = _QUANTITY_RE.match(text)
     if match is None:
         raise ValueError(
@@ -100,14 +122,18 @@ def parse_quantity(value: str | int) -> Decimal:
         )
     number = Decimal(match.group("number"))
     suffix = match.group("suffix") or ""
-    if suffix in _BINARY_SUFFIXES:
-        return number * _BINARY_SUFFIXES[suffix]
-    if suffix in _DECIMAL_SUFFIXES:
-        return number * _DECIMAL_SUFFIXES[suffix]
     try:
-        return number * Decimal(10) ** int(suffix[1:])
-    except (InvalidOperation, ValueError) as error:  # pragma: no cover - the regex admits only integers
-        raise ValueError(f"cannot parse quantity {value!r}") from error
+        if suffix in _BINARY_SUFFIXES:
+            amount = number * _BINARY_SUFFIXES[suffix]
+        elif suffix in _DECIMAL_SUFFIXES:
+            amount = number * _DECIMAL_SUFFIXES[suffix]
+        else:
+            amount = number * Decimal(10) ** int(suffix[1:])
+    except ArithmeticError as error:  # decimal.Overflow: an exponent like 1e999999999
+        raise ValueError(f"quantity {shown!r} is too large (at most {MAX_BYTES})") from error
+    if abs(amount) > MAX_BYTES:
+        raise ValueError(f"quantity {shown!r} is too large (at most {MAX_BYTES})")
+    return amount
 
 
 def _check_quantity(value: str | int) -> str | int:
@@ -749,11 +775,14 @@ class StoreSpec(ApiModel):
         return parse_store_size(self.local_buffer_size)
 
 
+_EXPECTATIONS: TypeAdapter[list[Expectation]] = TypeAdapter(list[Expectation])
+
+
 class ExpectationSpec(BaseModel):
     """One content check, e.g. {kind: json_values_include, values: [us-west, 4, 16]}."""
 
-    # The other fields depend on `kind`; the canary (mooncake_operator.canary) validates them when the
-    # operator builds a run, which keeps this API free of the canary's types.
+    # The other fields depend on `kind`; CanarySpec validates the list with the canary's own types, so
+    # render, crd and the operator refuse the same checks. The schema stays open (kinds may be added).
 
     model_config = ConfigDict(frozen=True, extra="allow", strict=True)
 
@@ -794,13 +823,50 @@ class CanarySpec(ApiModel):
             "Rollback: restore the last good revision."
         ),
     )
+    max_chat_body_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        le=MAX_BODY_BYTES_LIMIT,
+        description="Cap on one chat answer's body, decoded; unset: 4 MiB. Over it the run is Inconclusive.",
+    )
+    max_metrics_body_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        le=MAX_BODY_BYTES_LIMIT,
+        description="Cap on one metrics page, decoded; unset: 16 MiB. Over it the run is Inconclusive.",
+    )
+
+    # The canary's own rules, so every reader of the models (render, crd, the operator) refuses the same
+    # resources. `enabled` is declared first, so it is in `info.data` here. A disabled canary is not read.
+    @field_validator("request")
+    @classmethod
+    def _request_the_canary_can_send(
+        cls, request: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if request is not None and info.data.get("enabled", True):
+            check_chat_request(request)
+        return request
+
+    @field_validator("expectations")
+    @classmethod
+    def _checks_the_canary_knows(
+        cls, expectations: list[ExpectationSpec] | None, info: ValidationInfo
+    ) -> list[ExpectationSpec] | None:
+        if expectations is not None and info.data.get("enabled", True):
+            try:
+                _EXPECTATIONS.validate_python([item.model_dump() for item in expectations])
+            except ValidationError as error:
+                raise ValueError("; ".join(describe_validation_error(error))) from None
+        return expectations
 
 
 class MooncakeServingSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec
     speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding (Eagle-3).")
-    replicas: int = Field(default=2, ge=1, description="Number of vLLM replicas sharing the store.")
+    replicas: int = Field(
+        default=2, ge=1, le=MAX_REPLICAS, description="Number of vLLM replicas sharing the store."
+    )
     store: StoreSpec
     canary: CanarySpec = Field(default_factory=CanarySpec)
     scheduling: ReplicaScheduling | None = Field(default=None, description="Where replica pods run.")

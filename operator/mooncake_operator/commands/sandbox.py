@@ -17,13 +17,21 @@ import json
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import httpx
 
 from mooncake_operator import netns
-from mooncake_operator.canary import CanaryConfig, CanaryResult, Verdict, customer_request, run_canary
+from mooncake_operator.canary import (
+    CanaryConfig,
+    CanaryResult,
+    ExitCode,
+    Verdict,
+    customer_request,
+    run_canary,
+)
 from mooncake_operator.canary.report import render_json, render_table
 from mooncake_operator.sandbox import (
     EngineMode,
@@ -38,21 +46,6 @@ from mooncake_operator.sandbox import (
 )
 from mooncake_operator.sandbox.runtime import MAX_REPLICAS
 
-
-class ExitCode:
-    PASSED = 0
-    FAILED = 1
-    INCONCLUSIVE = 2
-    SETUP_ERROR = 3
-    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-    TERMINATED = 143  # 128 + SIGTERM
-
-
-VERDICT_EXIT = {
-    Verdict.PASSED: ExitCode.PASSED,
-    Verdict.FAILED: ExitCode.FAILED,
-    Verdict.INCONCLUSIVE: ExitCode.INCONCLUSIVE,
-}
 CONTENT_CHECKS_OFF = (
     "content checks off: the tiny random model answers gibberish, so the canary checks that the warm "
     "answer equals the cold one and that the reader loaded the prefix from the store"
@@ -60,8 +53,10 @@ CONTENT_CHECKS_OFF = (
 REQUEST_TIMEOUT_S = 300.0  # a CPU replica on a busy 2-core machine can take long for 80 tokens
 
 EPILOG = """\
-exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 setup error (engine env,
-models, master, a replica that did not start), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 usage or environment error
+(nothing was judged: engine env, models, master, a replica that did not start or cannot be reached),
+70 internal error (a defect of mooncake-operator), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+The codes mean the same as `mooncake-operator canary`'s.
 
 Everything heavy is cached in $MOONCAKE_OPERATOR_CACHE (default ~/.cache/mooncake-operator).
 """
@@ -72,7 +67,7 @@ class _SandboxArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(ExitCode.SETUP_ERROR, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
 
 
 def register(subparsers: Any) -> None:
@@ -138,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
         prepared = prepare(engines, log=log)
     except SandboxSetupError as error:
         log(f"setup error: {error}")
-        return ExitCode.SETUP_ERROR
+        return ExitCode.USAGE_OR_ENVIRONMENT
     except KeyboardInterrupt:
         log("interrupted during set-up")
         return ExitCode.INTERRUPTED
@@ -188,11 +183,15 @@ def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, i
         code = ExitCode.FAILED
         outcome["error"] = f"replica died: {error}"
     except SandboxSetupError as error:
-        code = ExitCode.SETUP_ERROR
+        code = ExitCode.USAGE_OR_ENVIRONMENT
         outcome["error"] = f"setup error: {error}"
     except SandboxError as error:
         code = ExitCode.FAILED
         outcome["error"] = str(error)
+    except Exception:
+        # Exit 1 means Failed; a defect of ours must not read as a verdict about the engines.
+        code = ExitCode.INTERNAL_ERROR
+        outcome["error"] = "internal error (a defect of mooncake-operator):\n" + traceback.format_exc()
     outcome["exit_code"] = code
     _print_outcome(outcome, as_json=as_json)
     return code
@@ -220,7 +219,7 @@ async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, 
         if result.verdict is not Verdict.PASSED:
             sandbox.keep_run_dir = True  # the engines' logs are the evidence
             outcome["logs"] = str(sandbox.run_dir)
-    return VERDICT_EXIT[result.verdict]
+    return result.exit_code  # an unreachable replica is an environment error (3), as in `canary`
 
 
 async def _canary(sandbox: Sandbox) -> CanaryResult:

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.kube import KubeApiError, KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
 
 Manifest = dict[str, Any]
@@ -114,6 +114,14 @@ def immutable_changes(desired: Manifest, live: Mapping[str, Any] | None) -> list
     ]
 
 
+class ApplyError(Exception):
+    """The API server refused a child (a 409 conflict, a 422 the schema refuses, a 500): what and why."""
+
+    def __init__(self, kind: str, name: str, error: KubeApiError) -> None:
+        self.kind, self.name, self.error = kind, name, error
+        super().__init__(f"applying {kind}/{name} failed: {error}")
+
+
 @dataclass(frozen=True)
 class AppliedChild:
     kind: str
@@ -142,6 +150,9 @@ async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> li
     for desired, live in pairs:
         why = needs_apply(desired, live)
         if why is not None:
-            await kube.apply(desired, field_manager=FIELD_MANAGER)
+            try:
+                await kube.apply(desired, field_manager=FIELD_MANAGER)
+            except KubeApiError as error:
+                raise ApplyError(desired["kind"], desired["metadata"]["name"], error) from error
         results.append(AppliedChild(desired["kind"], desired["metadata"]["name"], why))
     return results

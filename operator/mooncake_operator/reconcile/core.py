@@ -8,6 +8,7 @@ kopf's retry semantics. Reconciles of one resource are serialized by a per-resou
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -30,13 +31,14 @@ from mooncake_operator.api import (
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
+from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
 from mooncake_operator.reconcile import proof, status
-from mooncake_operator.reconcile.children import ImmutableChangeError, ensure_children
+from mooncake_operator.reconcile.children import ApplyError, ImmutableChangeError, ensure_children
 from mooncake_operator.reconcile.observe import Observation, observe
-from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
+from mooncake_operator.reconcile.revisions import read_verified_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
@@ -71,7 +73,9 @@ class Runtime:
 
     @classmethod
     def start(cls, settings: OperatorSettings) -> Runtime:
-        kube = KubeClient(settings.kube_config(), timeout=settings.request_timeout_seconds)
+        kube = KubeClient(
+            settings.kube_config(), timeout=settings.request_timeout_seconds, kinds=[SERVING_KIND]
+        )
         # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
@@ -129,7 +133,6 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     state = _StatusWriter(runtime, body)
     try:
         resource = api.parse_resource({**body, "status": None})
-        proof.validate_canary_spec(resource.spec)
     except InvalidResourceError as error:
         return await state.invalid(error.problems)
     return await _Pass(runtime, body, resource, state).run()
@@ -258,7 +261,7 @@ class _Pass:
             failed = None  # a new spec, a retry, or Rollback turned off: roll the spec out
         serving_spec, serving = spec, desired
         if failed is not None:
-            stored = await read_last_good(self.kube, self.resource)
+            stored, _ = await read_verified_last_good(self.kube, self.resource, current.last_good_revision)
             if stored is not None and stored.revision != desired:
                 serving_spec, serving = stored.spec, stored.revision
             else:
@@ -285,6 +288,12 @@ class _Pass:
             applied = await ensure_children(self.kube, manifests)
         except ImmutableChangeError as error:
             return await self.state.invalid(error.problems)
+        except ApplyError as error:
+            logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
+            await self.state.write(
+                status.apply_failed(str(error), self.state.current.phase), **self.state.keep()
+            )
+            return Outcome(ReconcileResult.ERROR, str(error), retry_after=self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
@@ -424,19 +433,23 @@ class _Pass:
         else:
             held = sorted(set(self.state.current.out_of_traffic) | set(blamed))
         await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
-        if verdict is Verdict.FAILED and await self.can_roll_back(revisions):
-            return await self.roll_back(observation, revisions, canary, held)
+        if verdict is Verdict.FAILED:
+            can, refused = await self.can_roll_back(revisions)
+            if can:
+                return await self.roll_back(observation, revisions, canary, held)
+            revisions = dataclasses.replace(revisions, rollback_refused=refused)
         fields = self.fields(revisions, observation, canary=canary, out_of_traffic=held)
         settled = self.settled(observation, revisions, canary)
         await self.state.write(settled, **fields)
         return self.outcome(settled, canary, revisions)
 
-    async def can_roll_back(self, revisions: status.Revisions) -> bool:
-        """Rollback applies to the spec's own revision, when a different last good revision is stored."""
+    async def can_roll_back(self, revisions: status.Revisions) -> tuple[bool, str | None]:
+        """Rollback applies to the spec's own revision, when a different, verified last good revision is
+        stored; else why a stored one was refused (or None)."""
         if self.resource.spec.canary.on_failure != "Rollback" or revisions.serving != revisions.desired:
-            return False
-        stored = await read_last_good(self.kube, self.resource)
-        return stored is not None and stored.revision != revisions.desired
+            return False, None
+        stored, refused = await read_verified_last_good(self.kube, self.resource, revisions.last_good)
+        return stored is not None and stored.revision != revisions.desired, refused
 
     async def roll_back(
         self,

@@ -11,13 +11,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from mooncake_operator import api
 from mooncake_operator.api import (
     CanaryStatus,
     CanaryTarget,
-    InvalidResourceError,
     MooncakeServingSpec,
     PairEvidence,
 )
@@ -53,31 +52,14 @@ def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfi
         "block_size": spec.engine.block_size,
         "eagle": spec.speculative is not None,
     }
+    if spec.canary.max_chat_body_bytes is not None:
+        options["max_chat_body_bytes"] = spec.canary.max_chat_body_bytes
+    if spec.canary.max_metrics_body_bytes is not None:
+        options["max_metrics_body_bytes"] = spec.canary.max_metrics_body_bytes
     expectations = canary_expectations(spec)
     if expectations is not None:
         options["expectations"] = expectations
     return CanaryConfig(**options)
-
-
-def validate_canary_spec(spec: MooncakeServingSpec) -> None:
-    """The canary section as the canary will read it; raises InvalidResourceError field by field."""
-    if not spec.canary.enabled:
-        return
-    try:
-        canary_expectations(spec)
-    except ValidationError as error:
-        raise InvalidResourceError(
-            api.describe_validation_error(error, prefix="spec.canary.expectations")
-        ) from error
-    placeholders = [f"http://replica-{index}:{spec.engine.port}" for index in range(max(spec.replicas, 2))]
-    try:
-        canary_config(spec, placeholders)
-    except ValidationError as error:
-        problems = [
-            problem.replace("spec.canary.request_timeout_s", "spec.canary.timeoutSeconds")
-            for problem in api.describe_validation_error(error, prefix="spec.canary")
-        ]
-        raise InvalidResourceError(problems) from error
 
 
 def current_target(
