@@ -293,7 +293,12 @@ def _etcd_argv(binary: Path, data_dir: Path, client_port: int, peer_port: int) -
 
 
 def _apiserver_argv(
-    binary: Path, certs: Path, etcd_port: int, secure_port: int, address: str = "127.0.0.1"
+    binary: Path,
+    certs: Path,
+    etcd_port: int,
+    secure_port: int,
+    address: str = "127.0.0.1",
+    authorization_modes: Sequence[str] = ("RBAC",),
 ) -> list[str]:
     return [
         str(binary),
@@ -311,7 +316,7 @@ def _apiserver_argv(
         f"--tls-private-key-file={certs / 'server.key'}",
         f"--client-ca-file={certs / 'ca.crt'}",
         f"--token-auth-file={certs / 'tokens.csv'}",
-        "--authorization-mode=RBAC",
+        f"--authorization-mode={','.join(authorization_modes)}",
         "--anonymous-auth=false",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
@@ -359,6 +364,7 @@ def start_control_plane(
     apiserver_args: Sequence[str] = (),
     controller_manager_args: Sequence[str] = (),
     kubelet_client: bool = False,
+    authorization_modes: Sequence[str] = ("RBAC",),
 ) -> ControlPlane:
     """Starts etcd + kube-apiserver (+ kube-controller-manager) and waits until they are ready.
 
@@ -399,7 +405,9 @@ def start_control_plane(
         )
 
         secure_port = int(server.rsplit(":", 1)[1])
-        argv = _apiserver_argv(binaries.kube_apiserver, certs, etcd_port, secure_port, address)
+        argv = _apiserver_argv(
+            binaries.kube_apiserver, certs, etcd_port, secure_port, address, authorization_modes
+        )
         if kubelet_client:
             # logs/exec/port-forward: the API server calls kubelets with a certificate of this CA.
             _issue_certificate(

@@ -526,10 +526,9 @@ def up(log: Log) -> None:
                 (kubelet_token, f"system:node:{NODE_NAME}", ("system:nodes",)),
                 (proxy_token, "system:kube-proxy", ()),
             ),
-            apiserver_args=(
-                "--authorization-mode=Node,RBAC",
-                "--kubelet-preferred-address-types=InternalIP",
-            ),
+            # The kubelet is authorized as its node (Node authorizer), everything else by RBAC.
+            authorization_modes=("Node", "RBAC"),
+            apiserver_args=("--kubelet-preferred-address-types=InternalIP",),
             timeout=120.0,
             kubelet_client=True,
         )
