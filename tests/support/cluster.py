@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,9 @@ def cmd_up(engine: str, timeout: float) -> int:
         log(f"kubectl apply {EXAMPLE.relative_to(REPO)} (engine image {engine_image})")
         kubectl(["apply", "-f", "-"], input=json.dumps(resource))
         verdict = wait_for_verdict(name, timeout)
-    except ClusterError as error:
+    except Exception as error:  # any failure before the verdict is a setup error (exit 3), never 1
+        if not isinstance(error, ClusterError):
+            traceback.print_exc()
         print(f"error: {error}", file=sys.stderr)
         print(
             "the cluster stays up for inspection: scripts/cluster kubectl ...; scripts/cluster down",
