@@ -482,10 +482,18 @@ def import_images(refs: Sequence[str], log: Log) -> None:
         archive = ROOT / "import.tar"
         _run(["buildah", "push", "-q", ref, f"docker-archive:{archive}:{ref}"], what=f"buildah push {ref}")
         try:
-            _run(
-                ctr("images", "import", "--snapshotter=overlayfs", str(archive)),
-                what=f"ctr images import {ref}",
-            )
+            # Once retried: a multi-GB import was seen to lose its stream once ("failed to send write: EOF").
+            for attempt in (1, 2):
+                try:
+                    _run(
+                        ctr("images", "import", "--snapshotter=overlayfs", str(archive)),
+                        what=f"ctr images import {ref}",
+                    )
+                    break
+                except ClusterError as error:
+                    if attempt == 2:
+                        raise
+                    log(f"  retrying the import once: {error}")
         finally:
             archive.unlink(missing_ok=True)
         log(f"  imported in {time.monotonic() - started:.0f} s")
@@ -688,7 +696,7 @@ def down(log: Log) -> None:
     for directory in state.get("created_dirs", []):
         if directory == "/run/netns":
             # `ip netns add` made it a shared bind mount of itself; undo both while nothing uses it.
-            if not os.listdir(directory):
+            if os.path.isdir(directory) and not os.listdir(directory):
                 subprocess.run(["umount", directory], capture_output=True, check=False)
                 with contextlib.suppress(OSError):
                     os.rmdir(directory)
