@@ -23,11 +23,13 @@ from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator import api, crd, render
 from mooncake_operator.handlers import RuntimeHolder, build_registry
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig, ResourceKind
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import Runtime
 
 T = TypeVar("T")
+# POST /api/v1/namespaces/NS/bindings: what the scheduler does to put a pod on a node.
+BINDING = ResourceKind("v1", "Binding", "bindings", namespaced=True)
 TEST_MANAGER = "operator-tests"
 CHILD_KINDS = (
     ("v1", "ConfigMap"),
@@ -78,11 +80,15 @@ def is_ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def pod_status(pod: dict[str, Any], *, ready: bool, restarts: int = 0) -> dict[str, Any]:
+def pod_status(
+    pod: dict[str, Any], *, ready: bool, restarts: int = 0, ip: str | None = None
+) -> dict[str, Any]:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     flag = "True" if ready else "False"
     containers = (pod.get("spec") or {}).get("containers") or []
+    addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
     return {
+        **addresses,
         "phase": "Running",
         "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
@@ -112,6 +118,10 @@ class FakeKubelet:
     With `modes_by_image`, it also makes fake replica i behave as the image of pod NAME-replica-<i>
     says (e.g. a buggy engine image corrupts warm answers), so a rollout or a rollback changes what the
     canary sees exactly when the pods change.
+
+    With `node`, it binds each pod to that (absent) node and gives it an IP from the documentation range
+    192.0.2.0/24 (never routed; nothing is sent there), so the endpoints controller lists it: a Service's
+    Endpoints then show which pods it routes to.
     """
 
     kube: KubeClient
@@ -121,7 +131,10 @@ class FakeKubelet:
     modes_by_image: dict[str, Mode] = field(default_factory=dict)
     resource: str = "demo"
     period_s: float = 0.1
+    node: str | None = None
     _task: asyncio.Task[None] | None = None
+    _binder: KubeClient | None = None
+    _ips: int = 0
 
     def _follow_image(self, pod: dict[str, Any]) -> None:
         prefix = f"{self.resource}-replica-"
@@ -135,9 +148,25 @@ class FakeKubelet:
 
     async def mark(self, pod: dict[str, Any], *, ready: bool, restarts: int = 0) -> None:
         name = pod["metadata"]["name"]
+        ip = (pod.get("status") or {}).get("podIP")
+        if self.node is not None and ip is None:
+            self._ips += 1
+            ip = f"192.0.2.{self._ips % 250 + 1}"
         await self.kube.patch_status(
-            "v1", "Pod", name, pod_status(pod, ready=ready, restarts=restarts), self.namespace
+            "v1", "Pod", name, pod_status(pod, ready=ready, restarts=restarts, ip=ip), self.namespace
         )
+
+    async def _bind(self, pod: dict[str, Any]) -> None:
+        if self._binder is None or (pod.get("spec") or {}).get("nodeName"):
+            return
+        name = pod["metadata"]["name"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": self.namespace, "uid": pod["metadata"]["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+        }
+        await self._binder.create(binding)
 
     async def step(self) -> None:
         for pod in await self.kube.list("v1", "Pod", self.namespace):
@@ -146,6 +175,7 @@ class FakeKubelet:
             self._follow_image(pod)
             if not is_ready(pod):
                 with contextlib.suppress(KubeApiError):  # the pod was replaced meanwhile
+                    await self._bind(pod)
                     await self.mark(pod, ready=True)
 
     async def _loop(self) -> None:
@@ -160,6 +190,8 @@ class FakeKubelet:
         await self.mark(pod, ready=True, restarts=restarts + 1)
 
     async def __aenter__(self) -> FakeKubelet:
+        if self.node is not None:
+            self._binder = KubeClient(self.kube.config, kinds={("v1", "Binding"): BINDING})
         self._task = asyncio.create_task(self._loop())
         return self
 
@@ -168,6 +200,8 @@ class FakeKubelet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._binder is not None:
+            await self._binder.aclose()
 
 
 def operator_settings(plane: ControlPlane, namespace: str, **changes: Any) -> OperatorSettings:

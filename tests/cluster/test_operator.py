@@ -136,7 +136,7 @@ def selected_by(service: dict[str, Any], pods: list[dict[str, Any]]) -> list[str
     ]
 
 
-async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until_a_canary_passes(
+async def test_hold_keeps_the_corrupting_replica_out_of_the_client_service_until_a_canary_passes(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
 ) -> None:
     fakes[1].mode = Mode.US_EAST  # replica 1 corrupts answers computed from a loaded prefix
@@ -160,17 +160,16 @@ async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until
             assert status["outOfTraffic"] == ["demo-replica-1"]
             assert "lastGoodRevision" not in status
 
-            async def held() -> list[dict[str, Any]] | None:
-                pods = await replica_pods(kube, namespace)
-                return (
-                    pods
-                    if traffic_labels(pods) == {"demo-replica-0": "on", "demo-replica-1": "off"}
-                    else None
-                )
-
-            pods = await eventually(held, what="replica 1 labelled traffic=off")
+            # Nothing was proven by the failed run: neither replica serves users (both start off), and
+            # the blamed one is held until a canary passes.
+            pods = await replica_pods(kube, namespace)
+            assert traffic_labels(pods) == {"demo-replica-0": "off", "demo-replica-1": "off"}
+            assert status["traffic"]["serving"] == 0
+            reasons = {entry["name"]: entry["reason"] for entry in status["traffic"]["pods"]}
+            assert reasons["demo-replica-0"].startswith("not proven: canary run")
+            assert reasons["demo-replica-1"].startswith("held: a failed canary blamed this replica")
             client = await kube.get("v1", "Service", "demo", namespace)
-            assert selected_by(client, pods) == ["demo-replica-0"]
+            assert selected_by(client, pods) == []
             headless = await kube.get("v1", "Service", "demo-replicas", namespace)
             assert selected_by(headless, pods) == ["demo-replica-0", "demo-replica-1"]
             warnings = [e for e in await events(kube, namespace) if e["type"] == "Warning"]
@@ -181,6 +180,7 @@ async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until
             await annotate(kube, namespace, RERUN_CANARY_ANNOTATION, "after-fix")
             recovered = await wait_for_phase(kube, namespace, "Ready")
             assert recovered["status"]["outOfTraffic"] == []
+            assert recovered["status"]["traffic"]["serving"] == 2
             assert recovered["status"]["canary"]["target"]["rerun"] == "after-fix"
 
             async def restored() -> bool:
