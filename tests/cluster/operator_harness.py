@@ -17,19 +17,18 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import httpx
 from kopf.testing import KopfRunner
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator import api, crd, render
 from mooncake_operator.handlers import RuntimeHolder, build_registry
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig, ResourceKind
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import Runtime
 
 T = TypeVar("T")
-# POST /api/v1/namespaces/NS/bindings: what the scheduler does to put a pod on a node.
-BINDING = ResourceKind("v1", "Binding", "bindings", namespaced=True)
 TEST_MANAGER = "operator-tests"
 CHILD_KINDS = (
     ("v1", "ConfigMap"),
@@ -121,7 +120,8 @@ class FakeKubelet:
 
     With `node`, it binds each pod to that (absent) node and gives it an IP from the documentation range
     192.0.2.0/24 (never routed; nothing is sent there), so the endpoints controller lists it: a Service's
-    Endpoints then show which pods it routes to.
+    Endpoints then show which pods it routes to. A bound pod's deletion waits for its kubelet, so it also
+    finishes deleting pods (grace period 0), as a kubelet does once the containers stopped.
     """
 
     kube: KubeClient
@@ -133,7 +133,7 @@ class FakeKubelet:
     period_s: float = 0.1
     node: str | None = None
     _task: asyncio.Task[None] | None = None
-    _binder: KubeClient | None = None
+    _node_api: httpx.AsyncClient | None = None
     _ips: int = 0
 
     def _follow_image(self, pod: dict[str, Any]) -> None:
@@ -157,7 +157,8 @@ class FakeKubelet:
         )
 
     async def _bind(self, pod: dict[str, Any]) -> None:
-        if self._binder is None or (pod.get("spec") or {}).get("nodeName"):
+        """What the scheduler does: POST the pod's `binding` subresource."""
+        if self._node_api is None or (pod.get("spec") or {}).get("nodeName"):
             return
         name = pod["metadata"]["name"]
         binding = {
@@ -166,11 +167,28 @@ class FakeKubelet:
             "metadata": {"name": name, "namespace": self.namespace, "uid": pod["metadata"]["uid"]},
             "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
         }
-        await self._binder.create(binding)
+        response = await self._node_api.post(
+            f"/api/v1/namespaces/{self.namespace}/pods/{name}/binding", json=binding
+        )
+        if response.status_code not in (200, 201, 404, 409):
+            raise AssertionError(f"binding {name}: HTTP {response.status_code} {response.text}")
+
+    async def _finish_deletion(self, pod: dict[str, Any]) -> None:
+        """What the kubelet does once a bound pod's containers stopped: delete it for good."""
+        if self._node_api is None or not (pod.get("spec") or {}).get("nodeName"):
+            return
+        name = pod["metadata"]["name"]
+        options = {"gracePeriodSeconds": 0, "preconditions": {"uid": pod["metadata"]["uid"]}}
+        await self._node_api.request(
+            "DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}", json=options
+        )
 
     async def step(self) -> None:
         for pod in await self.kube.list("v1", "Pod", self.namespace):
-            if pod["metadata"].get("deletionTimestamp") or pod["metadata"]["name"] in self.hold:
+            if pod["metadata"].get("deletionTimestamp"):
+                await self._finish_deletion(pod)
+                continue
+            if pod["metadata"]["name"] in self.hold:
                 continue
             self._follow_image(pod)
             if not is_ready(pod):
@@ -191,7 +209,13 @@ class FakeKubelet:
 
     async def __aenter__(self) -> FakeKubelet:
         if self.node is not None:
-            self._binder = KubeClient(self.kube.config, kinds={("v1", "Binding"): BINDING})
+            config = self.kube.config
+            self._node_api = httpx.AsyncClient(
+                base_url=config.server,
+                verify=config.ssl_context(),
+                headers={"Authorization": f"Bearer {config.current_token()}"},
+                trust_env=False,
+            )
         self._task = asyncio.create_task(self._loop())
         return self
 
@@ -200,8 +224,8 @@ class FakeKubelet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._binder is not None:
-            await self._binder.aclose()
+        if self._node_api is not None:
+            await self._node_api.aclose()
 
 
 def operator_settings(plane: ControlPlane, namespace: str, **changes: Any) -> OperatorSettings:
