@@ -102,13 +102,18 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
 
             mid = await eventually(replaced, what="replica 1 replaced")
             await endpoints_become(kube, namespace, {proven["demo-replica-0"]}, "only the proven pod")
-            body = await get_serving(kube, namespace)
-            entries = {entry["name"]: entry for entry in body["status"]["traffic"]["pods"]}
+            new_uid = mid["demo-replica-1"].split("=")[1]
+
+            async def recorded() -> dict[str, dict[str, Any]] | None:
+                body = await get_serving(kube, namespace)
+                entries = {entry["name"]: entry for entry in body["status"]["traffic"]["pods"]}
+                return entries if entries.get("demo-replica-1", {}).get("uid") == new_uid else None
+
+            entries = await eventually(recorded, what="the status to record the new replica 1")
             assert entries["demo-replica-0"]["serving"] is True
             assert entries["demo-replica-0"]["uid"] == proven["demo-replica-0"].split("=")[1]
             assert entries["demo-replica-1"]["serving"] is False
             assert entries["demo-replica-1"]["reason"].startswith("new pod at revision")
-            assert entries["demo-replica-1"]["uid"] == mid["demo-replica-1"].split("=")[1]
 
             # The rollout completes; the new revision's canary is Inconclusive: neither new pod serves.
             kubelet.hold.clear()
