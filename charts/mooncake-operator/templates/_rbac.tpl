@@ -31,12 +31,19 @@ authorized as a create. */}}
   resources: ["mooncakeservings/status"]
   verbs: ["patch"]
 # Children, applied server-side: the store config and NAME-last-good ConfigMaps, the master, headless
-# and client Services, the master Deployment and the replica StatefulSet.
+# and client Services, the master Deployment and the replica StatefulSet, the replicas'
+# PodDisruptionBudget and the master's and replicas' NetworkPolicies.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
   verbs: ["get", "create", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["get", "create", "patch"]
 # Replica and master pods: readiness, pod UIDs and restarts (canary triggers), and the traffic label
 # that takes a replica out of the client Service when the canary blames it.

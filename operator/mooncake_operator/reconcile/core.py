@@ -27,7 +27,7 @@ from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, OperatorSettings
 from mooncake_operator.reconcile import plan, proof, status
-from mooncake_operator.reconcile.children import ensure_children
+from mooncake_operator.reconcile.children import ImmutableChangeError, ensure_children
 from mooncake_operator.reconcile.observe import observe
 from mooncake_operator.reconcile.plan import Outcome
 from mooncake_operator.reconcile.revisions import read_last_good, write_last_good
@@ -53,6 +53,7 @@ class Runtime:
     clock: Callable[[], datetime] = utc_now
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    _policy_api_version: str | None = None
 
     @classmethod
     def start(cls, settings: OperatorSettings) -> Runtime:
@@ -71,6 +72,13 @@ class Runtime:
             self.metrics_server.stop()
         await self.http.aclose()
         await self.kube.aclose()
+
+    async def policy_api_version(self) -> str:
+        """policy/v1 where served (Kubernetes >= 1.21), else policy/v1beta1; asked once per process."""
+        if self._policy_api_version is None:
+            served = await self.kube.served_versions("policy")
+            self._policy_api_version = render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+        return self._policy_api_version
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, name), asyncio.Lock())
@@ -208,7 +216,12 @@ class _Pass:
         last_good = await read_last_good(self.kube, self.resource)
         choice = plan.choose_revision(self.resource, self.state.current, last_good)
         serving = self.resource.model_copy(update={"spec": choice.spec})
-        applied = await ensure_children(self.kube, render.render_all(serving, owner_uid=self.uid))
+        policy = await self.runtime.policy_api_version()
+        manifests = render.render_all(serving, owner_uid=self.uid, policy_api_version=policy)
+        try:
+            applied = await ensure_children(self.kube, manifests)
+        except ImmutableChangeError as error:
+            return await self.state.invalid(error.problems)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
