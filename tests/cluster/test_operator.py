@@ -358,6 +358,8 @@ async def test_a_resync_with_nothing_to_change_writes_nothing_even_across_a_rest
     async with FakeKubelet(kube, namespace):
         with run_operator(settings) as operator:
             await ready_resource(kube, namespace)
+            # The traffic labels follow the status write: wait for them before counting.
+            await eventually(lambda: _all_serving(kube, namespace), what="both replicas in traffic")
             counts = operator.runtime.kube.counts.snapshot()
             reconciles = _reconciles(operator)
             await eventually(lambda: _more_reconciles(operator, reconciles + 3), what="three resyncs")
@@ -382,3 +384,8 @@ def _reconciles(operator: Any) -> float:
 
 async def _more_reconciles(operator: Any, at_least: float) -> bool:
     return _reconciles(operator) >= at_least
+
+
+async def _all_serving(kube: KubeClient, namespace: str) -> bool:
+    labels = traffic_labels(await replica_pods(kube, namespace))
+    return labels == {"demo-replica-0": "on", "demo-replica-1": "on"}
