@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -18,10 +18,16 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from mooncake_operator.canary.expectations import Expectation
+from mooncake_operator.canary.models import MAX_BODY_BYTES_LIMIT, check_chat_request
 
 GROUP = "serving.mooncake-operator.dev"
 VERSION = "v1alpha1"
@@ -35,6 +41,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # Children are named "<name>-store-config", "<name>-replica-<ordinal>" ...; a StatefulSet's pods carry a
 # "controller-revision-hash" label of "<statefulset>-<10 chars>", which must fit in 63 characters.
 MAX_NAME_LENGTH = 40
+# Replicas of one model sharing one store. 64 replicas of a TP-8 model are 512 GPUs behind one Mooncake
+# master; the canary proves them as a ring, one pair at a time (2 chat requests each), so a full run stays
+# in minutes, and the operator's per-replica Services and reads stay small. Beyond that, shard into
+# several MooncakeServings (each its own store); raise it here, with a measurement, if a user needs more.
+MAX_REPLICAS = 64
+# Largest byte count a size or quantity may state: 2**63 - 1 (Kubernetes quantities are int64 too), so
+# arithmetic on it stays exact and every digit string stays far below Python's int/str conversion limit.
+MAX_BYTES = 2**63 - 1
 
 
 # --- sizes -------------------------------------------------------------------------------------------
@@ -55,7 +69,12 @@ def parse_store_size(value: str) -> int:
             '(binary, as Mooncake reads them: "80GB" is 80 * 1024**3 bytes), e.g. "80GB" or "512MB"'
         )
     number, unit = match.group(1), (match.group(2) or "").lower()
-    return int(Decimal(number) * _STORE_SIZE_UNITS[unit])
+    if len(number) > 40:  # 40 digits already exceed MAX_BYTES; longer ones are refused unparsed
+        raise ValueError(f"size {value[:40]!r}... is too large (at most {MAX_BYTES} bytes)")
+    size = Decimal(number) * _STORE_SIZE_UNITS[unit]
+    if size > MAX_BYTES:
+        raise ValueError(f"size {value!r} is too large (at most {MAX_BYTES} bytes)")
+    return int(size)
 
 
 def _check_store_size(value: str) -> str:
@@ -93,6 +112,9 @@ _DECIMAL_SUFFIXES = {
 def parse_quantity(value: str | int) -> Decimal:
     """The numeric value of a Kubernetes quantity ("64Gi" -> 68719476736, "500m" -> 0.5)."""
     text = str(value).strip()
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    if len(text) > 60:  # no quantity up to MAX_BYTES needs more characters
+        raise ValueError(f"quantity {shown!r} is too large (at most {MAX_BYTES})")
     match = _QUANTITY_RE.match(text)
     if match is None:
         raise ValueError(
@@ -100,14 +122,18 @@ def parse_quantity(value: str | int) -> Decimal:
         )
     number = Decimal(match.group("number"))
     suffix = match.group("suffix") or ""
-    if suffix in _BINARY_SUFFIXES:
-        return number * _BINARY_SUFFIXES[suffix]
-    if suffix in _DECIMAL_SUFFIXES:
-        return number * _DECIMAL_SUFFIXES[suffix]
     try:
-        return number * Decimal(10) ** int(suffix[1:])
-    except (InvalidOperation, ValueError) as error:  # pragma: no cover - the regex admits only integers
-        raise ValueError(f"cannot parse quantity {value!r}") from error
+        if suffix in _BINARY_SUFFIXES:
+            amount = number * _BINARY_SUFFIXES[suffix]
+        elif suffix in _DECIMAL_SUFFIXES:
+            amount = number * _DECIMAL_SUFFIXES[suffix]
+        else:
+            amount = number * Decimal(10) ** int(suffix[1:])
+    except ArithmeticError as error:  # decimal.Overflow: an exponent like 1e999999999
+        raise ValueError(f"quantity {shown!r} is too large (at most {MAX_BYTES})") from error
+    if abs(amount) > MAX_BYTES:
+        raise ValueError(f"quantity {shown!r} is too large (at most {MAX_BYTES})")
+    return amount
 
 
 def _check_quantity(value: str | int) -> str | int:
@@ -606,6 +632,8 @@ MANAGED_ENV = {
     "MOONCAKE_CONFIG_PATH": "store",
     "HF_TOKEN": "model.hfTokenSecretRef",
     "HF_HOME": "model.cache",
+    "MC_STORE_CLUSTER_ID": "store.master.highAvailability",
+    "SSL_CERT_DIR": "store.master.highAvailability.etcd.external.tls",
     "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "the pod's IP (status.podIP), the store client's address",
 }
 
@@ -685,6 +713,110 @@ class SpeculativeSpec(ApiModel):
         return self
 
 
+# --- master high availability --------------------------------------------------------------------------
+
+# The operator-run etcd's default image (etcd's own release image; the binary is on its PATH).
+DEFAULT_ETCD_IMAGE = "quay.io/coreos/etcd:v3.5.17"
+# host:port of an etcd client endpoint, without a scheme: `tls` decides between http and https.
+_ETCD_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?:[0-9]{1,5}$")
+
+
+def _check_etcd_endpoint(value: str) -> str:
+    if _ETCD_ENDPOINT_RE.match(value) is None or not 1 <= int(value.rsplit(":", 1)[1]) <= 65535:
+        raise ValueError(
+            f"etcd endpoint {value!r} must be host:port without a scheme, e.g. etcd-0.etcd.infra.svc:2379 "
+            "(set etcd.external.tls for https)"
+        )
+    return value
+
+
+EtcdEndpoint = Annotated[str, AfterValidator(_check_etcd_endpoint)]
+
+
+class EtcdCaSecretRef(ApiModel):
+    """The Secret key holding the PEM CA certificate that signed the etcd server's certificate."""
+
+    name: str = Field(min_length=1, description="Name of the Secret (in the resource's namespace).")
+    key: str = Field(default="ca.crt", min_length=1, description="Key of the PEM CA certificate.")
+
+
+class EtcdTls(ApiModel):
+    """https to a user-provided etcd. The pinned Mooncake verifies the server against this CA; it cannot
+    present a client certificate, so etcd must not require one (no --client-cert-auth)."""
+
+    ca_secret_ref: EtcdCaSecretRef = Field(description="CA certificate of the etcd server.")
+
+
+class ExternalEtcd(ApiModel):
+    endpoints: list[EtcdEndpoint] = Field(
+        min_length=1, description="etcd client endpoints, host:port each (e.g. etcd-0.etcd.infra.svc:2379)."
+    )
+    tls: EtcdTls | None = Field(default=None, description="Connect with https, verifying this CA.")
+
+
+class ManagedEtcd(ApiModel):
+    """An etcd the operator runs for this resource: a StatefulSet with a volume per member."""
+
+    image: str = Field(default=DEFAULT_ETCD_IMAGE, min_length=1, description="etcd image (etcd on PATH).")
+    replicas: int = Field(default=1, ge=1, le=5, description="etcd members: 1, 3 or 5.")
+    storage_size: Quantity = Field(default="1Gi", description="PersistentVolumeClaim size per member.")
+    storage_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="StorageClass of the members' claims (cluster default if unset).",
+    )
+    resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
+
+    @model_validator(mode="after")
+    def _odd_members(self) -> ManagedEtcd:
+        if self.replicas % 2 == 0:
+            raise ValueError(
+                f"etcd.managed.replicas must be odd (1, 3 or 5), got {self.replicas}: an even member count "
+                "tolerates no more failures than the odd count below it"
+            )
+        return self
+
+
+class EtcdSpec(ApiModel):
+    """Where the masters elect their leader: an etcd you run (`external`) or one the operator runs
+    (`managed`, the default when neither is set)."""
+
+    external: ExternalEtcd | None = Field(default=None, description="A user-provided etcd.")
+    managed: ManagedEtcd | None = Field(default=None, description="An etcd the operator runs.")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EtcdSpec:
+        if self.external is not None and self.managed is not None:
+            raise ValueError(
+                "store.master.highAvailability.etcd: set either external (your etcd) or managed (one the "
+                "operator runs), not both"
+            )
+        return self
+
+    def managed_or_default(self) -> ManagedEtcd | None:
+        """The managed etcd's settings, or None when the user provides etcd."""
+        if self.external is not None:
+            return None
+        return self.managed or ManagedEtcd()
+
+
+class MasterHighAvailability(ApiModel):
+    """Several mooncake_master processes, one leader elected through etcd; store clients follow it."""
+
+    enabled: bool = Field(default=False, description="Run several masters with leader election.")
+    replicas: int = Field(
+        default=3, ge=2, le=7, description="Number of masters (one leader, the rest standby)."
+    )
+    enable_oplog: bool = Field(
+        default=True,
+        description=(
+            "Replicate the leader's metadata to the standbys through etcd (-enable_oplog). Without it a new "
+            "leader starts empty: every prefix stored before the failover is lost to the replicas."
+        ),
+    )
+    etcd: EtcdSpec = Field(default_factory=EtcdSpec, description="The etcd the masters elect through.")
+
+
 class MasterSpec(ApiModel):
     image: str | None = Field(
         default=None,
@@ -694,6 +826,10 @@ class MasterSpec(ApiModel):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     rpc_port: int = Field(default=50051, ge=1, le=65535)
     metrics_port: int = Field(default=9003, ge=1, le=65535)
+    high_availability: MasterHighAvailability = Field(
+        default_factory=MasterHighAvailability,
+        description="Several masters with leader election through etcd (off by default).",
+    )
     scheduling: Scheduling | None = Field(default=None, description="Where the master pod runs.")
 
     @model_validator(mode="after")
@@ -749,11 +885,14 @@ class StoreSpec(ApiModel):
         return parse_store_size(self.local_buffer_size)
 
 
+_EXPECTATIONS: TypeAdapter[list[Expectation]] = TypeAdapter(list[Expectation])
+
+
 class ExpectationSpec(BaseModel):
     """One content check, e.g. {kind: json_values_include, values: [us-west, 4, 16]}."""
 
-    # The other fields depend on `kind`; the canary (mooncake_operator.canary) validates them when the
-    # operator builds a run, which keeps this API free of the canary's types.
+    # The other fields depend on `kind`; CanarySpec validates the list with the canary's own types, so
+    # render, crd and the operator refuse the same checks. The schema stays open (kinds may be added).
 
     model_config = ConfigDict(frozen=True, extra="allow", strict=True)
 
@@ -794,13 +933,50 @@ class CanarySpec(ApiModel):
             "Rollback: restore the last good revision."
         ),
     )
+    max_chat_body_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        le=MAX_BODY_BYTES_LIMIT,
+        description="Cap on one chat answer's body, decoded; unset: 4 MiB. Over it the run is Inconclusive.",
+    )
+    max_metrics_body_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        le=MAX_BODY_BYTES_LIMIT,
+        description="Cap on one metrics page, decoded; unset: 16 MiB. Over it the run is Inconclusive.",
+    )
+
+    # The canary's own rules, so every reader of the models (render, crd, the operator) refuses the same
+    # resources. `enabled` is declared first, so it is in `info.data` here. A disabled canary is not read.
+    @field_validator("request")
+    @classmethod
+    def _request_the_canary_can_send(
+        cls, request: dict[str, Any] | None, info: ValidationInfo
+    ) -> dict[str, Any] | None:
+        if request is not None and info.data.get("enabled", True):
+            check_chat_request(request)
+        return request
+
+    @field_validator("expectations")
+    @classmethod
+    def _checks_the_canary_knows(
+        cls, expectations: list[ExpectationSpec] | None, info: ValidationInfo
+    ) -> list[ExpectationSpec] | None:
+        if expectations is not None and info.data.get("enabled", True):
+            try:
+                _EXPECTATIONS.validate_python([item.model_dump() for item in expectations])
+            except ValidationError as error:
+                raise ValueError("; ".join(describe_validation_error(error))) from None
+        return expectations
 
 
 class MooncakeServingSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec
     speculative: SpeculativeSpec | None = Field(default=None, description="Speculative decoding (Eagle-3).")
-    replicas: int = Field(default=2, ge=1, description="Number of vLLM replicas sharing the store.")
+    replicas: int = Field(
+        default=2, ge=1, le=MAX_REPLICAS, description="Number of vLLM replicas sharing the store."
+    )
     store: StoreSpec
     canary: CanarySpec = Field(default_factory=CanarySpec)
     scheduling: ReplicaScheduling | None = Field(default=None, description="Where replica pods run.")
@@ -895,6 +1071,9 @@ class CanaryTarget(ApiModel):
     master_pod: str | None = Field(default=None, description="UID of the master pod.")
     master_restarts: int = Field(default=0, ge=0, description="Container restarts of the master pod.")
     rerun: str | None = Field(default=None, description="Value of the rerun-canary annotation.")
+    master_leader: str | None = Field(
+        default=None, description="Highly available masters: the pod that led (Mooncake's own view)."
+    )
 
 
 class CanaryStatus(ApiModel):
@@ -928,6 +1107,16 @@ class TrafficStatus(ApiModel):
     pods: list[PodTraffic] = Field(default_factory=list)
 
 
+class HighAvailabilityStatus(ApiModel):
+    """Which master leads, as the masters themselves report it (/health), and how often it changed."""
+
+    leader: str | None = Field(default=None, description="Pod of the leading master; unset while none leads.")
+    leader_address: str | None = Field(default=None, description="The address the leader publishes.")
+    view_version: int | None = Field(default=None, ge=0, description="Mooncake's master-view version.")
+    failovers: int = Field(default=0, ge=0, description="Leader changes the operator observed.")
+    last_failover_time: str | None = Field(default=None, description="RFC 3339 time of the last one.")
+
+
 class MooncakeServingStatus(ApiModel):
     phase: Phase | None = None
     observed_generation: int | None = Field(default=None, ge=0)
@@ -945,6 +1134,9 @@ class MooncakeServingStatus(ApiModel):
     )
     traffic: TrafficStatus | None = Field(
         default=None, description="Which replica pods serve users, and why (off until a canary proves them)."
+    )
+    high_availability: HighAvailabilityStatus | None = Field(
+        default=None, description="The masters' leader (store.master.highAvailability only)."
     )
 
 

@@ -45,6 +45,7 @@ class Reason(StrEnum):
     ROLLED_BACK = "RolledBack"
     # Every condition of a resource that cannot be reconciled
     INVALID_SPEC = "InvalidSpec"
+    APPLY_FAILED = "ApplyFailed"  # the API server refused a child; the message holds its words
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from mooncake_operator import api
+from mooncake_operator.kube import ResourceKind
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
@@ -57,6 +58,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+# The MooncakeServing as the API client addresses it (KubeClient(..., kinds=[SERVING_KIND])).
+SERVING_KIND = ResourceKind(api.API_VERSION, api.KIND, api.PLURAL, namespaced=True)
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,13 @@ VLLM_SERVE = ("vllm", "serve")
 DEFAULT_STORE_CONFIG_PATH = "/etc/vllm/mooncake_store.json"
 KV_CONNECTOR = "MooncakeStoreConnector"
 KV_ROLE = "kv_both"
+# High availability. The CA of a TLS etcd is mounted here; SSL_CERT_DIR lists it after the system's
+# directory: the Go etcd client inside mooncake_master and vLLM's store client reads every certificate
+# in each listed directory (measured: https etcd endpoints verify only with it), while OpenSSL, which
+# only looks up hashed file names, keeps trusting the system store unchanged.
+ETCD_CA_DIR = "/etc/mooncake/etcd-ca"
+SYSTEM_CA_DIR = "/etc/ssl/certs"
+CLUSTER_ID_ENV = "MC_STORE_CLUSTER_ID"
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,46 @@ class SandboxSubstitutions:
     global_segment_size: str = "512MB"
     local_buffer_size: str = "128MB"
     max_model_len: int | None = None  # None: keep spec.model.maxModelLen
+
+
+@dataclass(frozen=True)
+class HaTopology:
+    """Where highly available masters elect their leader, and where store clients look it up.
+
+    Masters and clients must agree on the etcd endpoints and on the cluster id: the leader publishes
+    its address under `mooncake-store/<cluster_id>/master_view`, and a client reads the key of the
+    cluster id in its MC_STORE_CLUSTER_ID (default `mooncake_cluster`; measured: a client without it
+    finds no master of any other cluster id).
+    """
+
+    etcd_endpoints: tuple[str, ...]  # host:port each
+    cluster_id: str
+    tls: bool = False
+    enable_oplog: bool = True
+
+    @property
+    def etcd_urls(self) -> tuple[str, ...]:
+        return tuple(f"https://{endpoint}" if self.tls else endpoint for endpoint in self.etcd_endpoints)
+
+    @property
+    def master_server_address(self) -> str:
+        """The store config's master address in HA mode: the client follows the leader through etcd."""
+        return "etcd://" + ";".join(self.etcd_urls)
+
+    def client_env(self) -> dict[str, str]:
+        env = {CLUSTER_ID_ENV: self.cluster_id}
+        if self.tls:
+            env["SSL_CERT_DIR"] = f"{SYSTEM_CA_DIR}:{ETCD_CA_DIR}"
+        return env
+
+    def master_flags(self) -> tuple[str, ...]:
+        return (
+            "-enable_ha=true",
+            "-ha_backend_type=etcd",
+            f"-etcd_endpoints={';'.join(self.etcd_urls)}",
+            f"-cluster_id={self.cluster_id}",
+            f"-enable_oplog={'true' if self.enable_oplog else 'false'}",
+        )
 
 
 @dataclass(frozen=True)
@@ -115,8 +162,16 @@ def replica_launch(
     store_config_path: str = DEFAULT_STORE_CONFIG_PATH,
     entrypoint: Sequence[str] = VLLM_SERVE,
     substitutions: SandboxSubstitutions | None = None,
+    ha: HaTopology | None = None,
 ) -> EngineLaunch:
-    """argv, environment and store config of one replica (all replicas share them but for host/port)."""
+    """argv, environment and store config of one replica (all replicas share them but for host/port).
+
+    With `ha`, `master_address` must be its `master_server_address` (the client follows the leader)."""
+    if ha is not None and master_address != ha.master_server_address:
+        raise ValueError(
+            f"with highly available masters the store's master address is {ha.master_server_address!r}, "
+            f"not {master_address!r}"
+        )
     model = spec.model
     sub = substitutions
     argv: list[str] = [*entrypoint]
@@ -152,6 +207,8 @@ def replica_launch(
         "PYTHONHASHSEED": str(spec.engine.python_hash_seed),
         "MOONCAKE_CONFIG_PATH": store_config_path,
     }
+    if ha is not None:
+        env.update(ha.client_env())
     config = store_config(spec, master_address=master_address, substitutions=sub)
     return EngineLaunch(
         argv=tuple(argv),
@@ -168,16 +225,21 @@ def master_argv(
     metrics_host: str = "0.0.0.0",
     metrics_port: int | None = None,
     executable: str = "mooncake_master",
+    ha: HaTopology | None = None,
 ) -> tuple[str, ...]:
-    """The Mooncake master's command line; its HTTP metadata server stays off (store uses P2PHANDSHAKE)."""
+    """The Mooncake master's command line; its HTTP metadata server stays off (store uses P2PHANDSHAKE).
+
+    With `ha` the master joins the leader election; `rpc_address` is then also the address it publishes
+    to clients as the leader's, so it must be one they reach (the pod IP, not 0.0.0.0)."""
     master = spec.store.master
-    return (
+    argv = (
         executable,
         f"-rpc_address={rpc_address}",
         f"-rpc_port={rpc_port if rpc_port is not None else master.rpc_port}",
         f"-metrics_host={metrics_host}",
         f"-metrics_port={metrics_port if metrics_port is not None else master.metrics_port}",
     )
+    return argv if ha is None else (*argv, *ha.master_flags())
 
 
 def describe_substitutions(spec: MooncakeServingSpec, substitutions: SandboxSubstitutions) -> list[str]:

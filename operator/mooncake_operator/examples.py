@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-import yaml
-
+from mooncake_operator import safe_yaml
 from mooncake_operator.api import MooncakeServing, parse_resource
 
 CUSTOMER_EXAMPLE = "minimax-m2.5-eagle3.yaml"
@@ -22,4 +21,4 @@ def customer_deployment_yaml() -> str:
 
 def customer_deployment() -> MooncakeServing:
     """The customer's MiniMax-M2.5 + Eagle-3 deployment, validated."""
-    return parse_resource(yaml.safe_load(customer_deployment_yaml()))
+    return parse_resource(safe_yaml.load(customer_deployment_yaml()))

@@ -13,7 +13,12 @@ from typing import Any
 import kopf
 
 from mooncake_operator import api, reconcile
-from mooncake_operator.operator_settings import OperatorSettings, configure_kopf, connection_info
+from mooncake_operator.operator_settings import (
+    WAITING_MARK,
+    OperatorSettings,
+    configure_kopf,
+    connection_info,
+)
 
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
 
@@ -34,8 +39,14 @@ def raise_for(outcome: reconcile.Outcome) -> None:
     """kopf's retry semantics of an outcome: invalid input never gets better; waiting is retried."""
     if outcome.result is reconcile.ReconcileResult.INVALID:
         raise kopf.PermanentError(outcome.message)
-    if outcome.retry_after is not None:
+    if outcome.retry_after is None:
+        return
+    if outcome.result is reconcile.ReconcileResult.ERROR:
         raise kopf.TemporaryError(outcome.message, delay=outcome.retry_after)
+    # Not ready yet (pods, a rollback, an inconclusive canary): logged at INFO, see WaitingLogFilter.
+    raise kopf.TemporaryError(
+        f"{WAITING_MARK}retrying in {outcome.retry_after:g} s: {outcome.message}", delay=outcome.retry_after
+    )
 
 
 def build_registry(

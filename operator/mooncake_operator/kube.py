@@ -17,7 +17,7 @@ import os
 import ssl
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,9 +26,7 @@ from typing import Any, Final
 import httpx
 import yaml
 
-from mooncake_operator.api import API_VERSION as MCS_API_VERSION
-from mooncake_operator.api import KIND as MCS_KIND
-from mooncake_operator.api import PLURAL as MCS_PLURAL
+from mooncake_operator import safe_yaml
 
 Manifest = dict[str, Any]
 ManifestList = list[Manifest]
@@ -125,9 +123,11 @@ class KubeConfig:
         """Reads a kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config)."""
         path = path or default_kubeconfig_path()
         try:
-            document = yaml.safe_load(path.read_text())
+            document = safe_yaml.load(path.read_text(encoding="utf-8"))
         except FileNotFoundError as error:
             raise KubeConfigError(f"kubeconfig {path} not found") from error
+        except UnicodeDecodeError as error:
+            raise KubeConfigError(f"kubeconfig {path} is not UTF-8 text: {error}") from error
         except yaml.YAMLError as error:
             raise KubeConfigError(f"kubeconfig {path} is not valid YAML: {error}") from error
         if not isinstance(document, dict):
@@ -255,7 +255,8 @@ def _kinds(*kinds: ResourceKind) -> dict[tuple[str, str], ResourceKind]:
     return {(k.api_version, k.kind): k for k in kinds}
 
 
-# The kinds the operator, its chart and its tests touch. Others can be passed to KubeClient.
+# The built-in kinds the operator, its chart and its tests touch. Custom kinds are passed to KubeClient
+# (it knows nothing of the API it serves; `crd.SERVING_KIND` is the MooncakeServing).
 KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
     ResourceKind("v1", "Namespace", "namespaces", namespaced=False),
     ResourceKind("v1", "ConfigMap", "configmaps", namespaced=True),
@@ -271,6 +272,7 @@ KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
     # Kubernetes before 1.21 (the cluster tests' 1.20 API server) serves it only in policy/v1beta1.
     ResourceKind("policy/v1beta1", "PodDisruptionBudget", "poddisruptionbudgets", namespaced=True),
     ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", namespaced=True),
+    ResourceKind("coordination.k8s.io/v1", "Lease", "leases", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
@@ -280,7 +282,6 @@ KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
     ResourceKind(
         "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False
     ),
-    ResourceKind(MCS_API_VERSION, MCS_KIND, MCS_PLURAL, namespaced=True),
 )
 
 
@@ -392,7 +393,8 @@ def _now() -> str:
 class KubeClient:
     """Async API client. Use as `async with KubeClient(config) as kube:` or call `aclose()`.
 
-    `transport` lets tests inject an httpx transport; `kinds` extends the kind table.
+    `transport` lets tests inject an httpx transport; `kinds` are the custom kinds it serves besides the
+    built-in ones (KNOWN_KINDS).
     """
 
     def __init__(
@@ -401,11 +403,11 @@ class KubeClient:
         *,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        kinds: Mapping[tuple[str, str], ResourceKind] | None = None,
+        kinds: Iterable[ResourceKind] = (),
     ) -> None:
         self.config = config
         self.counts = RequestCounts()
-        self._kinds = {**KNOWN_KINDS, **(kinds or {})}
+        self._kinds = {**KNOWN_KINDS, **_kinds(*kinds)}
         self._http = httpx.AsyncClient(
             base_url=config.server,
             verify=config.ssl_context(),

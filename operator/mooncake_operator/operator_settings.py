@@ -8,6 +8,7 @@ that points canaries at URLs other than the per-replica DNS names (tests, the sa
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import kopf
 import yaml
 
-from mooncake_operator import api
+from mooncake_operator import api, safe_yaml
 from mooncake_operator.canary.models import normalize_base_url
 from mooncake_operator.kube import KubeConfig
 
@@ -45,6 +46,9 @@ class OperatorSettings:
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9090
     replica_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # Highly available masters' admin URLs per "ns/name", in ordinal order, where the operator cannot
+    # resolve the masters' headless Service (an operator outside the cluster, tests).
+    master_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     resync_seconds: float = 30.0
     retry_delay_seconds: float = 10.0
     inconclusive_retry_seconds: float = 60.0
@@ -82,6 +86,9 @@ class OperatorSettings:
     def endpoints_for(self, namespace: str, name: str) -> tuple[str, ...] | None:
         return self.replica_endpoints.get(f"{namespace}/{name}")
 
+    def master_endpoints_for(self, namespace: str, name: str) -> tuple[str, ...] | None:
+        return self.master_endpoints.get(f"{namespace}/{name}")
+
 
 def parse_replica_endpoints(document: Any, source: str = "replica endpoints") -> dict[str, tuple[str, ...]]:
     """`{"ns/name": [url, ...]}` validated: keys name one resource, values are lists of http(s) URLs."""
@@ -105,7 +112,9 @@ def parse_replica_endpoints(document: Any, source: str = "replica endpoints") ->
 
 def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = safe_yaml.load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise SettingsError(f"replica endpoints {path} is not UTF-8 text: {error}") from error
     except OSError as error:
         raise SettingsError(f"cannot read replica endpoints {path}: {error.strerror}") from error
     except yaml.YAMLError as error:
@@ -113,14 +122,43 @@ def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
     return parse_replica_endpoints(document, source=str(path))
 
 
+# Marks a TemporaryError that means "not ready yet, retrying", not a failure (see WaitingLogFilter).
+WAITING_MARK = "[waiting] "
+_KOPF_RETRY = re.compile(r"^(?P<handler>.*) failed temporarily: \[waiting\] (?P<message>.*)$", re.DOTALL)
+
+
+class WaitingLogFilter(logging.Filter):
+    """kopf logs every TemporaryError as `ERROR ... failed temporarily: ...`, and has no setting for it.
+    Waiting for pods is not an error: this rewrites kopf's line for a waiting outcome (marked with
+    WAITING_MARK by `handlers.raise_for`) to INFO, saying what is awaited. Real errors stay ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.ERROR:
+            return True
+        match = _KOPF_RETRY.match(record.getMessage())
+        if match is not None:
+            record.msg = f"{match['handler']} waits, {match['message']}"
+            record.args = None
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        return True
+
+
+def install_waiting_log_filter() -> None:
+    logger = logging.getLogger("kopf.objects")
+    if not any(isinstance(existing, WaitingLogFilter) for existing in logger.filters):
+        logger.addFilter(WaitingLogFilter())
+
+
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """kopf's settings for this operator (called from the startup handler)."""
+    install_waiting_log_filter()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
     )
-    # One operator replica (Recreate), no peering objects and no RBAC for them.
+    # No kopf peering (it pauses every operator of equal priority): `run` elects a leader on a Lease
+    # (mooncake_operator.leader) before kopf starts.
     settings.peering.standalone = True
     settings.peering.mandatory = False
     # The API server parses ?timeoutSeconds= as an integer ("300.0" is a 400 Bad Request).

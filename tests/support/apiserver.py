@@ -118,16 +118,18 @@ def _issue_certificate(directory: Path, stem: str, subject: str, extensions: str
     _openssl(sign, "-extfile", f"{stem}.ext", "-out", f"{stem}.crt", cwd=directory)
 
 
-def generate_certificates(directory: Path) -> None:
-    """A throw-away CA, a serving certificate for 127.0.0.1/localhost, and the service-account key."""
+def generate_certificates(directory: Path, extra_sans: Sequence[str] = (), days: int = 2) -> None:
+    """A throw-away CA, a serving certificate for 127.0.0.1/localhost (plus `extra_sans`, e.g.
+    "IP:10.96.0.1"), and the service-account key."""
     _openssl("genrsa -out ca.key 2048", cwd=directory)
-    _openssl("req -x509 -new -key ca.key -days 2 -out ca.crt", "-subj", "/CN=harness-ca", cwd=directory)
+    _openssl(f"req -x509 -new -key ca.key -days {days} -out ca.crt", "-subj", "/CN=harness-ca", cwd=directory)
+    sans = ",".join(["IP:127.0.0.1", "DNS:localhost", "DNS:kubernetes.default.svc", *extra_sans])
     _issue_certificate(
         directory,
         "server",
         "/CN=kube-apiserver",
-        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
-        "extendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+        f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+        days=days,
     )
     _openssl("genrsa -out sa.key 2048", cwd=directory)
     _openssl("rsa -in sa.key -pubout -out sa.pub", cwd=directory)
@@ -200,6 +202,13 @@ class ControlPlane:
     def log_path(self, component: str) -> Path:
         return self.workdir / f"{component}.log"
 
+    def detach(self) -> dict[str, int]:
+        """Lets the processes outlive this Python process (scripts/cluster's `up` exits, the cluster
+        stays): no atexit stop. Returns {component: pid}; stopping is then the caller's job."""
+        atexit.unregister(self.stop)
+        self._stopped = True
+        return {name: process.pid for name, process in self.processes.items()}
+
     def stop(self) -> None:
         if self._stopped:
             return
@@ -239,8 +248,14 @@ def _log_tail(path: Path) -> str:
 def _spawn(plane: ControlPlane, name: str, argv: Sequence[str]) -> None:
     log = plane.log_path(name).open("wb")
     with log:
+        # A session of its own: a Ctrl-C in the terminal that started a detached plane does not reach it.
         plane.processes[name] = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=plane.workdir
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=plane.workdir,
+            start_new_session=True,
         )
 
 
@@ -280,22 +295,31 @@ def _etcd_argv(binary: Path, data_dir: Path, client_port: int, peer_port: int) -
     ]
 
 
-def _apiserver_argv(binary: Path, certs: Path, etcd_port: int, secure_port: int) -> list[str]:
+def _apiserver_argv(
+    binary: Path,
+    certs: Path,
+    etcd_port: int,
+    secure_port: int,
+    address: str = "127.0.0.1",
+    authorization_modes: Sequence[str] = ("RBAC",),
+) -> list[str]:
     return [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-        "--bind-address=127.0.0.1",
+        f"--bind-address={address}",
         f"--secure-port={secure_port}",
         "--insecure-port=0",
         # The advertise address only fills the `kubernetes` Service's endpoints; with the
-        # reconciler off nothing is written, and nothing looks for a default route.
-        "--advertise-address=127.0.0.1",
-        "--endpoint-reconciler-type=none",
+        # reconciler off nothing is written, and nothing looks for a default route. A node
+        # (scripts/cluster) passes its own address and turns the reconciler on: pods reach the
+        # API through that Service.
+        f"--advertise-address={address}",
+        "--endpoint-reconciler-type=none" if address == "127.0.0.1" else "--endpoint-reconciler-type=lease",
         f"--tls-cert-file={certs / 'server.crt'}",
         f"--tls-private-key-file={certs / 'server.key'}",
         f"--client-ca-file={certs / 'ca.crt'}",
         f"--token-auth-file={certs / 'tokens.csv'}",
-        "--authorization-mode=RBAC",
+        f"--authorization-mode={','.join(authorization_modes)}",
         "--anonymous-auth=false",
         f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
@@ -335,14 +359,30 @@ def start_control_plane(
     controller_manager: bool = True,
     controllers: Sequence[str] = DEFAULT_CONTROLLERS,
     timeout: float = 90.0,
+    address: str = "127.0.0.1",
+    port: int | None = None,
+    workdir: Path | None = None,
+    extra_sans: Sequence[str] = (),
+    extra_tokens: Sequence[tuple[str, str, Sequence[str]]] = (),
+    apiserver_args: Sequence[str] = (),
+    controller_manager_args: Sequence[str] = (),
+    kubelet_client: bool = False,
+    authorization_modes: Sequence[str] = ("RBAC",),
 ) -> ControlPlane:
-    """Starts etcd + kube-apiserver (+ kube-controller-manager) and waits until they are ready."""
+    """Starts etcd + kube-apiserver (+ kube-controller-manager) and waits until they are ready.
+
+    The defaults are the cluster tier's: everything on 127.0.0.1 in a temporary directory. A node
+    (tests/support/kube_node.py) serves the API on its own address from `workdir`, with
+    `extra_tokens` ((token, user, groups), e.g. the kubelet's) and extra component flags."""
     binaries = find_binaries()
-    workdir = _scratch_dir()
+    if workdir is None:
+        workdir = _scratch_dir()
+    else:
+        workdir.mkdir(parents=True)
     certs = workdir / "pki"
     certs.mkdir()
     admin_token = secrets.token_hex(24)
-    server = f"https://127.0.0.1:{free_port()}"
+    server = f"https://{address}:{port or free_port()}"
     plane = ControlPlane(
         server=server,
         ca_path=certs / "ca.crt",
@@ -353,8 +393,11 @@ def start_control_plane(
     # A caller that forgets stop(), or an interrupted test run, still leaves no servers behind.
     atexit.register(plane.stop)
     try:
-        generate_certificates(certs)
-        (certs / "tokens.csv").write_text(f'{admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
+        generate_certificates(certs, extra_sans)
+        tokens = [(admin_token, ADMIN_USER, ("system:masters",)), *extra_tokens]
+        (certs / "tokens.csv").write_text(
+            "".join(f'{token},{user},{user},"{",".join(groups)}"\n' for token, user, groups in tokens)
+        )
         plane.write_kubeconfig(plane.kubeconfig, admin_token, ADMIN_USER)
         deadline = time.monotonic() + timeout
 
@@ -365,9 +408,22 @@ def start_control_plane(
         )
 
         secure_port = int(server.rsplit(":", 1)[1])
-        _spawn(
-            plane, "kube-apiserver", _apiserver_argv(binaries.kube_apiserver, certs, etcd_port, secure_port)
+        argv = _apiserver_argv(
+            binaries.kube_apiserver, certs, etcd_port, secure_port, address, authorization_modes
         )
+        if kubelet_client:
+            # logs/exec/port-forward: the API server calls kubelets with a certificate of this CA.
+            _issue_certificate(
+                certs,
+                "kubelet-client",
+                "/O=system:masters/CN=kube-apiserver-kubelet-client",
+                "extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+            )
+            argv += [
+                f"--kubelet-client-certificate={certs / 'kubelet-client.crt'}",
+                f"--kubelet-client-key={certs / 'kubelet-client.key'}",
+            ]
+        _spawn(plane, "kube-apiserver", [*argv, *apiserver_args])
         with plane.client(timeout=5.0) as http:
             _wait_until(plane, "kube-apiserver", lambda: http.get("/readyz").is_success, deadline)
 
@@ -375,7 +431,7 @@ def start_control_plane(
             argv = _controller_manager_argv(
                 binaries.kube_controller_manager, certs, plane.kubeconfig, controllers
             )
-            _spawn(plane, "kube-controller-manager", argv)
+            _spawn(plane, "kube-controller-manager", [*argv, *controller_manager_args])
             if "serviceaccount" in controllers:
                 # The `default` ServiceAccount appearing is the controller-manager's first visible work.
                 with plane.client(timeout=5.0) as http:

@@ -29,7 +29,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -198,6 +198,10 @@ class FakeReplica:
         self.latency_s = latency_s
         self.prompt_tokens_details = prompt_tokens_details
         self.healthy = True
+        # Rewrites of what the replica sends (tests of answers and metrics pages a real vLLM would not
+        # give): a chat payload -> payload, a metrics page -> page.
+        self.payload_filter: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self.metrics_filter: Callable[[str], str] | None = None
         self.requests: list[RecordedRequest] = []
         self._local_blocks: set[str] = set()
         self._lock = threading.Lock()
@@ -349,6 +353,10 @@ class FakeReplica:
     # -- metrics ---------------------------------------------------------------------------------
 
     def metrics_text(self) -> str:
+        text = self._metrics_text()
+        return self.metrics_filter(text) if self.metrics_filter is not None else text
+
+    def _metrics_text(self) -> str:
         if self.mode is Mode.METRICS_WITHOUT_COUNTERS:
             registry = prometheus_client.CollectorRegistry()
             gauge = prometheus_client.Gauge(
@@ -408,6 +416,8 @@ def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
                 self._json(200, {"id": "chatcmpl-x", "object": "chat.completion", "usage": {}})
             else:
                 status, payload = replica.complete(body if isinstance(body, dict) else {})
+                if status == 200 and replica.payload_filter is not None:
+                    payload = replica.payload_filter(payload)
                 self._json(status, payload)
 
         def _not_vllm(self) -> None:

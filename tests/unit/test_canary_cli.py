@@ -157,6 +157,151 @@ def test_help_documents_exit_codes_and_expectations(capsys: pytest.CaptureFixtur
         main(["canary", "--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    assert "exit status: 0 passed, 1 failed, 2 inconclusive, 3 usage error" in out
+    assert "exit status: 0 passed, 1 failed, 2 inconclusive, 3 usage or environment error" in out
     assert "kind: json_values_include" in out
     assert "--block-size N" in out
+
+
+# --- hostile input: URLs, files, crashes ------------------------------------------------------------------
+
+
+def test_credentials_in_replica_urls_are_redacted_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster.start(2) as cluster:
+        secret_urls = [url.replace("http://", "http://admin:s3cret@") for url in cluster.urls]
+        assert main(["canary", *replica_args(secret_urls), "--pairs", "first"]) == 0
+        assert main(["canary", *replica_args(secret_urls), "--pairs", "first", "--json"]) == 0
+        closed = secret_urls[1].rsplit(":", 1)[0] + ":9"
+        main(["canary", "--replica", secret_urls[0], "--replica", closed, "--retries", "0", "--json"])
+        main(["canary", "--replica", secret_urls[0], "--replica", secret_urls[0]])
+    out, err = capsys.readouterr()
+    assert "s3cret" not in out + err
+    assert "admin" not in out + err
+    assert "http://***@127.0.0.1:" in out
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://[::1", "is malformed"),
+        ("http://127.0.0.1:99999", "is malformed"),
+        ("http://127.0.0.1:8000/?x=1", "must not carry a query string"),
+        ("http://127.0.0.1:8000/base#frag", "must not carry a query string or fragment"),
+    ],
+)
+def test_malformed_replica_urls_are_usage_errors(
+    url: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["canary", "--replica", "http://127.0.0.1:9", "--replica", url]) == 3
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("HTTP://127.0.0.1:8000", "http://127.0.0.1:8000/"),
+        ("http://LocalHost:8000", "http://localhost:8000/v1"),
+        ("http://replica", "http://replica:80"),
+        ("https://replica:443", "HTTPS://REPLICA"),
+        ("http://u:p@replica:8000", "http://replica:8000"),
+    ],
+)
+def test_one_replica_written_two_ways_is_a_duplicate(
+    first: str, second: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["canary", "--replica", first, "--replica", second]) == 3
+    assert "each replica must be listed once" in capsys.readouterr().err
+
+
+def test_a_path_prefix_is_kept_for_both_endpoints() -> None:
+    from mooncake_operator.canary.models import normalize_base_url
+
+    assert normalize_base_url("HTTP://Gateway:80/Replica-A/v1/") == "http://gateway/Replica-A"
+    assert normalize_base_url("http://[::1]:8000") == "http://[::1]:8000"
+
+
+@pytest.mark.parametrize("option", ["--request", "--expect"])
+def test_a_non_utf8_input_file_is_a_usage_error(
+    option: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "input.yaml"
+    path.write_bytes(b"model: caf\xe9\n")
+    assert (
+        main(
+            [
+                "canary",
+                "--replica",
+                "http://127.0.0.1:9",
+                "--replica",
+                "http://127.0.0.1:10",
+                option,
+                str(path),
+            ]
+        )
+        == 3
+    )
+    err = capsys.readouterr().err
+    assert f"{path} is not UTF-8 text" in err
+    assert "Traceback" not in err
+
+
+def test_a_lone_surrogate_in_an_answer_prints_as_json(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeCluster.start(2) as cluster:
+        cluster[1].payload_filter = lambda payload: {**payload, "model": "bad \ud800 name"}
+        code = main(["canary", *replica_args(cluster.urls), "--pairs", "first", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert "\\ud800" in result["reason"]
+
+
+def test_a_crash_is_an_internal_error_not_a_failed_verdict(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr("mooncake_operator.commands.canary.run_canary", broken)
+    assert main(["canary", "--replica", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:10"]) == 70
+    err = capsys.readouterr().err
+    assert "internal error" in err
+    assert "RuntimeError: a defect" in err
+
+
+def test_exit_code_3_means_the_same_in_canary_and_sandbox(capsys: pytest.CaptureFixture[str]) -> None:
+    from mooncake_operator.canary import ExitCode
+    from mooncake_operator.commands import sandbox
+
+    assert sandbox.ExitCode is ExitCode
+    helps = []
+    for command in ("canary", "sandbox"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        helps.append(" ".join(capsys.readouterr().out.split()))
+    for text in helps:
+        assert "3 usage or environment error (nothing was judged" in text
+        assert "70 internal error" in text
+
+
+def test_cap_and_connect_options_reach_the_config() -> None:
+    from mooncake_operator.cli import build_parser
+    from mooncake_operator.commands.canary import build_config
+
+    args = build_parser().parse_args(
+        [
+            "canary",
+            "--replica",
+            "http://a:1",
+            "--replica",
+            "http://b:1",
+            "--max-chat-bytes",
+            "8388608",
+            "--max-metrics-bytes",
+            "33554432",
+            "--connect-timeout",
+            "2.5",
+        ]
+    )
+    config = build_config(args)
+    assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8388608, 33554432)
+    assert config.connect_timeout_s == 2.5

@@ -26,7 +26,7 @@ from mooncake_operator.canary import (
     run_canary,
 )
 from mooncake_operator.canary.client import RetryPolicy
-from mooncake_operator.canary.runner import PairEvidence
+from mooncake_operator.canary.runner import PairMeasurement
 
 pytestmark = pytest.mark.unit
 
@@ -218,7 +218,7 @@ async def test_an_unreachable_replica_is_retried_then_reported_as_a_connection_e
         result = await run_canary(config)
     [pair] = result.pairs
     assert pair.verdict is Verdict.INCONCLUSIVE
-    assert result.exit_code == ExitCode.USAGE_OR_CONNECTION
+    assert result.exit_code == ExitCode.USAGE_OR_ENVIRONMENT
     assert pair.metrics_error is not None and "(3 attempts)" in pair.metrics_error
     assert pair.warm is not None and pair.warm.error_kind is ErrorKind.CONNECTION
     assert pair.warm.attempts == 3
@@ -363,13 +363,13 @@ def test_replica_urls_are_normalized() -> None:
 
 def _evidence(
     *, load_get: int = 4, warm_cached: int | None = None, warm_prompt_tokens: int = 185
-) -> PairEvidence:
+) -> PairMeasurement:
     def answer(url: str, prompt_tokens: int, cached: int | None) -> ChatAnswer:
         return ChatAnswer(
             url=url, status=200, text=CORRECT_ANSWER, prompt_tokens=prompt_tokens, cached_tokens=cached
         )
 
-    return PairEvidence(
+    return PairMeasurement(
         index=0,
         writer="http://a:1",
         reader="http://b:1",

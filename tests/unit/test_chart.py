@@ -167,6 +167,8 @@ def test_default_render_is_the_operator_and_nothing_optional(rendered: dict[str,
             "ClusterRole",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
+            "Role",  # leader election
+            "RoleBinding",
         ]
     )
     assert not [m for m in rendered["defaults"] if is_helm_test_hook(m)], (

@@ -29,7 +29,7 @@ def documented_tables() -> dict[str, set[Permission]]:
     tables: dict[str, set[Permission]] = {}
     heading = None
     for line in section.group(1).splitlines():
-        intro = re.match(r"^(Framework|Application)\b", line)
+        intro = re.match(r"^(Framework|Application|Leader)\b", line)
         if intro:
             heading = intro.group(1)
             tables[heading] = set()
@@ -39,7 +39,9 @@ def documented_tables() -> dict[str, set[Permission]]:
                 for resource in re.findall(r"`([^`]*)`", resources):
                     for verb in re.findall(r"`([^`]*)`", verbs):
                         tables[heading].add((group.strip('"'), resource, verb))
-    assert set(tables) == {"Framework", "Application"}, f"tables found in {OPERATOR_DOC}: {sorted(tables)}"
+    assert set(tables) == {"Framework", "Application", "Leader"}, (
+        f"tables found in {OPERATOR_DOC}: {sorted(tables)}"
+    )
     assert all(tables.values()), f"an empty permission table in {OPERATOR_DOC}"
     return tables
 
@@ -79,7 +81,9 @@ def test_cluster_wide_watch_grants_exactly_the_documented_permissions(tmp_path: 
     application = named(manifests, "ClusterRole", f"{FULLNAME}-application")
     assert permissions(framework) == documented["Framework"]
     assert permissions(application) == documented["Application"]
-    assert not by_kind(manifests, "Role")
+    assert [role["metadata"]["name"] for role in by_kind(manifests, "Role")] == [
+        f"{FULLNAME}-leader-election"
+    ]
     for role in (framework, application):
         binding = named(manifests, "ClusterRoleBinding", role["metadata"]["name"])
         assert binding["roleRef"] == {
@@ -101,7 +105,23 @@ def test_namespaced_watch_grants_the_application_rules_per_namespace_only(tmp_pa
         binding = named(manifests, "RoleBinding", f"{FULLNAME}-application", namespace)
         assert binding["roleRef"]["kind"] == "Role"
         assert bound_subjects(binding) == [SERVICE_ACCOUNT]
-    assert len(by_kind(manifests, "Role")) == 2
+    assert len(by_kind(manifests, "Role")) == 3  # and the leader-election Role
+
+
+@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["serving-a"]}], ids=["cluster", "namespaced"])
+def test_leader_election_is_granted_on_leases_in_the_release_namespace_only(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
+    manifests = render(values, tmp_path)
+    role = named(manifests, "Role", f"{FULLNAME}-leader-election", RELEASE_NAMESPACE)
+    assert permissions(role) == documented_tables()["Leader"]
+    assert all(
+        rule["resourceNames"] == ["mooncake-operator"] for rule in role["rules"] if "get" in rule["verbs"]
+    )
+    binding = named(manifests, "RoleBinding", f"{FULLNAME}-leader-election", RELEASE_NAMESPACE)
+    assert bound_subjects(binding) == [SERVICE_ACCOUNT]
+    args = by_kind(manifests, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--lease-namespace={RELEASE_NAMESPACE}" in args
 
 
 def test_an_existing_service_account_is_bound(tmp_path: Path) -> None:

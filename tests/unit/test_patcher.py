@@ -27,7 +27,7 @@ from tests.engine.patcher_support import (
     wheel_store_files,
 )
 
-from mooncake_operator.buggy_engine import reintroduce_double_prune, revert_to_prefix_shape
+from mooncake_operator.sandbox.buggy_engine import reintroduce_double_prune, revert_to_prefix_shape
 
 pytestmark = pytest.mark.unit
 
@@ -277,15 +277,20 @@ def test_dockerfile_pins_the_base_and_runs_the_tested_build_script() -> None:
     assert base is not None
     assert re.fullmatch(r"vllm/vllm-openai:v\d+\.\d+\.\d+", base.group(1)), base.group(1)
     assert re.search(r"^FROM \$\{VLLM_IMAGE\}$", dockerfile, re.MULTILINE)
-    assert re.search(r"^ARG MOONCAKE_PACKAGE=mooncake-transfer-engine==\d[\w.]*$", dockerfile, re.MULTILINE)
-    assert re.search(r"^COPY patch_connector\.py build-engine\.sh /opt/mooncake-operator/$", dockerfile, re.M)
+    assert re.search(r"^ARG MOONCAKE_PACKAGE=auto$", dockerfile, re.MULTILINE)
+    assert re.search(r"^ARG CUDA_MAJOR=\d+$", dockerfile, re.MULTILINE)
+    copy = r"^COPY patch_connector\.py check_linkage\.py build-engine\.sh /opt/mooncake-operator/$"
+    assert re.search(copy, dockerfile, re.MULTILINE)
     joined = dockerfile.replace("\\\n", " ")  # continuation lines
     runs = re.findall(r"^RUN (.*)$", joined, re.MULTILINE)
     assert len(runs) == 1, "all build steps live in build-engine.sh, which the tests run"
     assert "/opt/mooncake-operator/build-engine.sh" in runs[0]
     assert '--expect-state "${ENGINE_PATCH_STATE}"' in runs[0]
-    assert '--install "${MOONCAKE_PACKAGE}"' in runs[0]
+    assert '--mooncake "${MOONCAKE_PACKAGE}"' in runs[0]
+    assert '--expect-cuda-major "${CUDA_MAJOR}"' in runs[0]
     assert 'engine-patch-state="${ENGINE_PATCH_STATE}"' in dockerfile
+    assert 'cuda-major="${CUDA_MAJOR}"' in dockerfile
+    assert 'mooncake-package="${MOONCAKE_PACKAGE}"' in dockerfile
 
 
 def test_build_script_rejects_a_bad_expected_state(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from mooncake_operator import api
-from mooncake_operator.api import CanaryStatus, InvalidResourceError
+from mooncake_operator.api import CanaryStatus
 from mooncake_operator.canary import CanaryResult, ChatAnswer, Mismatch, PairResult, customer_request
 from mooncake_operator.canary.models import ErrorKind, Verdict
 from mooncake_operator.examples import customer_deployment
@@ -73,22 +73,11 @@ def test_the_config_follows_the_spec() -> None:
     assert proof.canary_config(spec_with(expectations=[]), URLS).expectations == []
 
 
-@pytest.mark.parametrize(
-    ("canary", "message"),
-    [
-        ({"expectations": [{"kind": "no_such_check"}]}, "spec.canary.expectations.0"),
-        ({"request": {"messages": []}}, "spec.canary.request: the request needs a non-empty 'messages' list"),
-        ({"request": {"messages": [{"role": "user", "content": "x"}], "stream": True}}, "must not stream"),
-    ],
-)
-def test_a_canary_section_the_canary_cannot_run_is_invalid(canary: dict[str, Any], message: str) -> None:
-    with pytest.raises(InvalidResourceError) as error:
-        proof.validate_canary_spec(spec_with(**canary))
-    assert any(message in problem for problem in error.value.problems), error.value.problems
-
-
-def test_a_disabled_canary_is_not_validated() -> None:
-    proof.validate_canary_spec(spec_with(enabled=False, expectations=[{"kind": "no_such_check"}]))
+def test_the_config_takes_the_body_caps_from_the_spec() -> None:
+    config = proof.canary_config(spec_with(maxChatBodyBytes=8 << 20, maxMetricsBodyBytes=32 << 20), URLS)
+    assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8 << 20, 32 << 20)
+    default = proof.canary_config(spec_with(), URLS)
+    assert (default.max_chat_body_bytes, default.max_metrics_body_bytes) == (4 << 20, 16 << 20)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 from pathlib import Path
 
 import kopf
@@ -120,3 +122,28 @@ def test_outcomes_become_kopf_semantics() -> None:
     assert waiting.value.delay == 5
     with pytest.raises(kopf.PermanentError, match="replicas is 1"):
         raise_for(Outcome(ReconcileResult.INVALID, "spec: replicas is 1"))
+
+
+def test_waiting_is_logged_at_info_not_as_a_kopf_error(caplog: pytest.LogCaptureFixture) -> None:
+    from kopf._core.actions import execution
+
+    # The line kopf logs for every TemporaryError; the filter below relies on its shape.
+    assert 'failed temporarily: {str(e) or repr(e)}")' in inspect.getsource(execution)
+    configure_kopf(kopf.OperatorSettings(), OperatorSettings())
+    configure_kopf(kopf.OperatorSettings(), OperatorSettings())  # idempotent: one filter
+    kopf_logger = logging.getLogger("kopf.objects")
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(kopf.TemporaryError) as waiting:
+        raise_for(Outcome(ReconcileResult.WAITING, "waiting for pods: 0/2 replicas ready", retry_after=5))
+    kopf_logger.error(f"Handler 'created' failed temporarily: {waiting.value}")
+    record = caplog.records[-1]
+    assert record.levelno == logging.INFO
+    assert (
+        record.getMessage()
+        == "Handler 'created' waits, retrying in 5 s: waiting for pods: 0/2 replicas ready"
+    )
+    with pytest.raises(kopf.TemporaryError) as failing:
+        raise_for(Outcome(ReconcileResult.ERROR, "HTTP 500 InternalError: etcd", retry_after=3))
+    kopf_logger.error(f"Handler 'created' failed temporarily: {failing.value}")
+    assert caplog.records[-1].levelno == logging.ERROR
+    assert len(caplog.records) == 2

@@ -77,6 +77,31 @@ def small_variant() -> MooncakeServing:
     return parse_resource(obj)
 
 
+def ha_managed() -> MooncakeServing:
+    """The customer's deployment with highly available masters and the operator-run etcd (3 members)."""
+    obj = example_dict()
+    ha = {"enabled": True, "etcd": {"managed": {"replicas": 3}}}
+    obj["spec"]["store"]["master"]["highAvailability"] = ha
+    return parse_resource(obj)
+
+
+def ha_external_tls() -> MooncakeServing:
+    """Highly available masters electing through the user's etcd over https (CA from a Secret)."""
+    obj = example_dict()
+    obj["spec"]["store"]["master"]["highAvailability"] = {
+        "enabled": True,
+        "replicas": 5,
+        "enableOplog": False,
+        "etcd": {
+            "external": {
+                "endpoints": ["etcd-0.etcd.infra.svc:2379", "etcd-1.etcd.infra.svc:2379"],
+                "tls": {"caSecretRef": {"name": "etcd-ca"}},
+            }
+        },
+    }
+    return parse_resource(obj)
+
+
 def rdma_example() -> MooncakeServing:
     """examples/minimax-m2.5-eagle3-rdma.yaml: RDMA device plugin, Multus, per-replica claims, placement."""
     return parse_resource(yaml.safe_load(RDMA_EXAMPLE.read_text(encoding="utf-8")))
@@ -85,6 +110,8 @@ def rdma_example() -> MooncakeServing:
 CASES = {
     "minimax-m2.5-eagle3": customer_deployment,
     "small-variant": small_variant,
+    "ha-managed-etcd": ha_managed,
+    "ha-external-etcd-tls": ha_external_tls,
     "minimax-m2.5-eagle3-rdma": rdma_example,
 }
 

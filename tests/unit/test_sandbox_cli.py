@@ -59,7 +59,7 @@ def test_usage_errors_exit_3_not_2_which_means_inconclusive(
 ) -> None:
     with pytest.raises(SystemExit) as caught:
         _parse(*argv)
-    assert caught.value.code == command.ExitCode.SETUP_ERROR
+    assert caught.value.code == command.ExitCode.USAGE_OR_ENVIRONMENT
     assert "error:" in capsys.readouterr().err
 
 

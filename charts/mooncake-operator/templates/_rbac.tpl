@@ -17,6 +17,17 @@ kubelet resolves), no kopf peering objects (the operator runs standalone).
   verbs: ["list", "watch"]
 {{- end }}
 
+{{/* Leader election: one Lease in the release namespace (`create` cannot be limited to a name). */}}
+{{- define "mooncake-operator.leaderRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: ["mooncake-operator"]
+  verbs: ["get", "patch"]
+{{- end }}
+
 {{/* Application rules: what the reconcile does. A ClusterRole for a cluster-wide watch, else a Role
 in each watched namespace. `create` next to `patch`: a server-side apply that creates an object is
 authorized as a create. */}}

@@ -22,6 +22,9 @@ from mooncake_operator.canary.expectations import (
 )
 from mooncake_operator.canary.metrics import expected_external_hit_tokens, parse_samples, store_counters
 from mooncake_operator.canary.models import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
     CanaryConfig,
     CanaryResult,
     ChatAnswer,
@@ -37,6 +40,9 @@ from mooncake_operator.canary.request import customer_expectations, customer_req
 from mooncake_operator.canary.runner import judge_pair, plan_pairs, run_canary
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT_S",
+    "DEFAULT_MAX_CHAT_BODY_BYTES",
+    "DEFAULT_MAX_METRICS_BODY_BYTES",
     "CanaryConfig",
     "CanaryResult",
     "ChatAnswer",

@@ -1,8 +1,16 @@
 """HTTP primitives: one chat completion, one counter scrape. Used by the canary, the e2e tests, the operator.
 
 Only a failed TCP connect is retried (the request never left, so a retry cannot double-send); a
-timeout, a dropped connection, an error status or a malformed answer is reported as it is. Each
-attempt gets the whole timeout as a deadline for the complete answer, not just per socket read.
+timeout, a dropped connection, an error status or a malformed answer is reported as it is.
+
+Deadlines: the TCP connect has its own (`connect_timeout`); once connected, the attempt has `timeout`
+for the complete answer, not just per socket read. The overall asyncio deadline is their sum, so a
+connect that never completes always ends as httpx's ConnectTimeout (unreachable, retried), never as
+the overall deadline (a timeout after connecting, which is not retried).
+
+Bodies are streamed and capped (`max_body_bytes`): the decoded size counts (a gzip bomb stops at the
+cap, decompressed a bounded piece at a time), and a declared Content-Length over the cap is refused
+before reading.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +32,22 @@ from mooncake_operator.canary.metrics import (
     parse_samples,
     store_counters,
 )
-from mooncake_operator.canary.models import ChatAnswer, ErrorKind, StoreCounters
+from mooncake_operator.canary.models import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+    ChatAnswer,
+    ErrorKind,
+    StoreCounters,
+    printable,
+    redact_url,
+)
 
 CHAT_PATH = "/v1/chat/completions"
 METRICS_PATH = "/metrics"
 _BODY_EXCERPT_CHARS = 500
+# Decoded bytes produced per decompression step: bounds the memory of one step whatever the ratio.
+_DECODE_STEP_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -76,13 +96,22 @@ async def chat(
     cache_salt: str | None,
     timeout: float,  # noqa: ASYNC109 - a deadline per attempt; retries must not share one
     retry: RetryPolicy = NO_RETRY,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+    max_body_bytes: int = DEFAULT_MAX_CHAT_BODY_BYTES,
 ) -> ChatAnswer:
     """POST `request` (plus `cache_salt` when given) to the replica's chat endpoint; never raises for I/O."""
     body = dict(request)
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
     exchange = await _exchange(
-        client, "POST", base_url.rstrip("/") + CHAT_PATH, timeout=timeout, retry=retry, json=body
+        client,
+        "POST",
+        base_url.rstrip("/") + CHAT_PATH,
+        limits=_Limits(
+            timeout, connect_timeout, max_body_bytes, "--max-chat-bytes, or spec.canary.maxChatBodyBytes"
+        ),
+        retry=retry,
+        json=body,
     )
     if exchange.response is None:
         return ChatAnswer(
@@ -103,13 +132,20 @@ async def scrape_counters(
     *,
     timeout: float,  # noqa: ASYNC109 - a deadline per attempt; retries must not share one
     retry: RetryPolicy = NO_RETRY,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+    max_body_bytes: int = DEFAULT_MAX_METRICS_BODY_BYTES,
 ) -> StoreCounters:
     """The replica's cache and store counters; raises CounterScrapeError with a clear message."""
     exchange = await _exchange(
         client,
         "GET",
         base_url.rstrip("/") + METRICS_PATH,
-        timeout=timeout,
+        limits=_Limits(
+            timeout,
+            connect_timeout,
+            max_body_bytes,
+            "--max-metrics-bytes, or spec.canary.maxMetricsBodyBytes",
+        ),
         retry=retry,
         headers={"Accept": "text/plain"},
     )
@@ -123,7 +159,7 @@ async def scrape_counters(
 def parse_chat_response(url: str, response: httpx.Response, *, latency_s: float, attempts: int) -> ChatAnswer:
     """A chat completion from an HTTP response, or a ChatAnswer that says precisely what is wrong."""
     base = {"url": url, "status": response.status_code, "latency_s": latency_s, "attempts": attempts}
-    excerpt = response.text[:_BODY_EXCERPT_CHARS]
+    excerpt = printable(response.text[:_BODY_EXCERPT_CHARS])
     if response.status_code != 200:
         return ChatAnswer(
             **base,
@@ -151,12 +187,22 @@ def parse_chat_response(url: str, response: httpx.Response, *, latency_s: float,
             base, excerpt, f"POST {url} answered 200 but choices[0].message.content is not text"
         )
     assert isinstance(message, dict)
+    raw_reasoning = message.get("reasoning_content", message.get("reasoning"))
+    reasoning = raw_reasoning if isinstance(raw_reasoning, str) else None
+    if not _valid_unicode(content) or (reasoning is not None and not _valid_unicode(reasoning)):
+        return _malformed(
+            base,
+            excerpt,
+            f"POST {url} answered 200 but the answer is not valid Unicode text (a lone surrogate escape)",
+        )
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     details = usage.get("prompt_tokens_details")
+    model = payload.get("model")
     return ChatAnswer(
         **base,
         text=content,
-        reasoning=_text_or_none(message.get("reasoning_content", message.get("reasoning"))),
+        model=printable(model) if isinstance(model, str) else None,
+        reasoning=reasoning,
         finish_reason=_text_or_none(choices[0].get("finish_reason")),
         prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
@@ -194,54 +240,155 @@ def parse_metrics_response(url: str, response: httpx.Response, *, latency_s: flo
     return counters
 
 
+@dataclass(frozen=True)
+class _Limits:
+    timeout_s: float
+    connect_timeout_s: float
+    max_body_bytes: int
+    flag: str  # the option that raises the cap, named in the error
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _BadEncoding(Exception):
+    pass
+
+
 async def _exchange(
     client: httpx.AsyncClient,
     method: str,
     url: str,
     *,
-    timeout: float,  # noqa: ASYNC109 - a deadline per attempt; retries must not share one
+    limits: _Limits,
     retry: RetryPolicy,
     **kwargs: Any,
 ) -> _Exchange:
+    shown = redact_url(url)
+    timeouts = httpx.Timeout(limits.timeout_s, connect=limits.connect_timeout_s)
+    # Ask for an uncompressed body; a server that compresses anyway is decoded within the cap.
+    headers = {"Accept-Encoding": "identity", **kwargs.pop("headers", {})}
     attempt = 0
     while True:
         attempt += 1
         started = time.perf_counter()
+
         try:
-            async with asyncio.timeout(timeout):
-                response = await client.request(method, url, timeout=timeout, **kwargs)
-                await response.aread()
-            return _Exchange(url, attempt, time.perf_counter() - started, response=response)
+            async with asyncio.timeout(limits.connect_timeout_s + limits.timeout_s):
+                request = client.build_request(method, url, timeout=timeouts, headers=headers, **kwargs)
+                response = await client.send(request, stream=True)
+                try:
+                    body = await _read_capped(response, limits.max_body_bytes)
+                finally:
+                    await response.aclose()
+            return _Exchange(shown, attempt, time.perf_counter() - started, response=_decoded(response, body))
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
             if attempt > retry.retries:
-                return _Exchange(
-                    url,
+                return _failed(
+                    shown,
                     attempt,
-                    time.perf_counter() - started,
-                    error_kind=ErrorKind.CONNECTION,
-                    error=f"cannot connect to {url} ({attempt} attempts): {_describe(error)}",
+                    started,
+                    ErrorKind.CONNECTION,
+                    f"cannot connect to {shown} ({attempt} attempts): {_describe(error)}",
                 )
         except (TimeoutError, httpx.TimeoutException):
-            return _Exchange(
-                url,
+            return _failed(
+                shown,
                 attempt,
-                time.perf_counter() - started,
-                error_kind=ErrorKind.TIMEOUT,
-                error=f"{method} {url}: no complete answer within {timeout:g} s",
+                started,
+                ErrorKind.TIMEOUT,
+                f"{method} {shown}: no complete answer within {limits.timeout_s:g} s",
             )
-        except httpx.TransportError as error:
-            return _Exchange(
-                url,
+        except _TooLarge:
+            return _failed(
+                shown,
                 attempt,
-                time.perf_counter() - started,
-                error_kind=ErrorKind.DISCONNECTED,
-                error=f"{method} {url}: the connection broke before a complete answer: {_describe(error)}",
+                started,
+                ErrorKind.TOO_LARGE,
+                f"{method} {shown}: the body is larger than the {limits.max_body_bytes}-byte cap "
+                f"(decoded size; raise it with {limits.flag} if the replica is right)",
+            )
+        except _BadEncoding as error:
+            return _failed(shown, attempt, started, ErrorKind.MALFORMED, f"{method} {shown}: {error}")
+        except httpx.TransportError as error:
+            return _failed(
+                shown,
+                attempt,
+                started,
+                ErrorKind.DISCONNECTED,
+                f"{method} {shown}: the connection broke before a complete answer: {_describe(error)}",
             )
         await asyncio.sleep(retry.delay_s(attempt))
 
 
+def _failed(url: str, attempt: int, started: float, kind: ErrorKind, message: str) -> _Exchange:
+    return _Exchange(url, attempt, time.perf_counter() - started, error_kind=kind, error=message)
+
+
+async def _read_capped(response: httpx.Response, cap: int) -> bytes:
+    """The decoded body, or _TooLarge as soon as it (or its declared length) passes `cap` bytes."""
+    try:
+        ready = response.content  # already in memory (an injected transport's response): decoded by httpx
+    except httpx.ResponseNotRead:
+        pass
+    else:
+        if len(ready) > cap:
+            raise _TooLarge
+        return ready
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise _TooLarge
+    decoder = _decoder(response.headers.get("content-encoding", ""))
+    body = bytearray()
+    async for raw in response.aiter_raw():
+        if decoder is None:
+            body += raw
+        else:
+            pending = raw
+            while pending:
+                # max_length bounds what one step may produce; the rest waits in unconsumed_tail.
+                try:
+                    body += decoder.decompress(pending, min(_DECODE_STEP_BYTES, cap + 1 - len(body)))
+                except zlib.error as error:
+                    raise _BadEncoding(f"the compressed body is corrupt: {error}") from None
+                pending = decoder.unconsumed_tail
+                if len(body) > cap:
+                    raise _TooLarge
+        if len(body) > cap:
+            raise _TooLarge
+    return bytes(body)
+
+
+def _decoder(encoding: str) -> Any:
+    """A zlib decompressor for gzip/deflate; None for identity; _BadEncoding for anything else."""
+    encodings = [part.strip().lower() for part in encoding.split(",") if part.strip()]
+    if not encodings or encodings == ["identity"]:
+        return None
+    if encodings == ["gzip"] or encodings == ["x-gzip"]:
+        return zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    if encodings == ["deflate"]:
+        return zlib.decompressobj()
+    raise _BadEncoding(f"unsupported Content-Encoding {encoding!r} (the canary asks for identity)")
+
+
+def _decoded(response: httpx.Response, body: bytes) -> httpx.Response:
+    """A complete response holding the decoded body (the encoding headers no longer apply)."""
+    try:
+        if response.content is body:
+            return response  # read before we saw it (an injected transport): already decoded
+    except httpx.ResponseNotRead:
+        pass
+    headers = [
+        (name, value)
+        for name, value in response.headers.multi_items()
+        if name.lower() not in ("content-encoding", "content-length", "transfer-encoding")
+    ]
+    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
+
+
 def _status_message(method: str, url: str, response: httpx.Response) -> str:
-    detail = _error_detail(response)
+    detail = printable(_error_detail(response))
     message = f"{method} {url} returned HTTP {response.status_code}"
     if detail:
         message += f": {detail}"
@@ -276,7 +423,16 @@ def _describe(error: Exception) -> str:
 
 
 def _text_or_none(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+    return printable(value) if isinstance(value, str) else None
+
+
+def _valid_unicode(text: str) -> bool:
+    """False for a string holding a lone surrogate (JSON's "\\ud800" escape decodes to one)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _int_or_none(value: object) -> int | None:

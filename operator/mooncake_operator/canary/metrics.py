@@ -63,6 +63,7 @@ def parse_samples(text: str, *, only: Collection[str] | None = None) -> list[Sam
     histogram buckets the canary does not read.
     """
     samples = []
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for number, line in enumerate(text.splitlines(), start=1):
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -76,7 +77,20 @@ def parse_samples(text: str, *, only: Collection[str] | None = None) -> list[Sam
             value = float(match["value"])
         except ValueError:
             raise MetricsFormatError(f"line {number} has no numeric value: {stripped[:120]!r}") from None
-        samples.append(Sample(match["name"], _parse_labels(match["labels"] or "", number), value))
+        labels = _parse_labels(match["labels"] or "", number)
+        series = (match["name"], tuple(sorted(labels.items())))
+        if only is not None:
+            # The counters the canary sums: one value per series, finite and not negative, or the sum
+            # would be wrong (a duplicate doubles a hit; NaN or Inf are no count).
+            if series in seen:
+                raise MetricsFormatError(f"line {number} repeats a series (duplicate): {stripped[:120]!r}")
+            if not math.isfinite(value) or value < 0:
+                raise MetricsFormatError(
+                    f"line {number}: {match['name']} is not a finite count ({match['value']}): "
+                    f"{stripped[:120]!r}"
+                )
+        seen.add(series)
+        samples.append(Sample(match["name"], labels, value))
     return samples
 
 
@@ -154,5 +168,10 @@ def _by_label(samples: list[Sample], name: str, label: str) -> dict[str, int]:
 
 
 def _tokens(value: float) -> int:
-    """Counters of tokens and keys are integral; Prometheus writes them as floats ("128.0")."""
-    return round(value) if math.isfinite(value) else 0
+    """Counters of tokens and keys are integral; Prometheus writes them as floats ("128.0").
+
+    Non-finite values never get here from `parse_samples(only=...)`; elsewhere they are refused too.
+    """
+    if not math.isfinite(value):
+        raise MetricsFormatError(f"{value} is not a finite count")
+    return round(value)

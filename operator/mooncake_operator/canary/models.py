@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mooncake_operator.canary.expectations import Expectation
 from mooncake_operator.canary.request import customer_expectations, customer_request
+
+# Caps on one response body, decoded size (documented in docs/canary.md). A chat answer of the default
+# 80 tokens is ~1 KiB; 4 MiB leaves room for long answers with reasoning. A vLLM metrics page is
+# ~100-500 KiB (histograms per engine); 16 MiB leaves room for many engines and LoRA adapters.
+DEFAULT_MAX_CHAT_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_MAX_METRICS_BODY_BYTES = 16 * 1024 * 1024
+MAX_BODY_BYTES_LIMIT = 1024 * 1024 * 1024  # what a cap may be raised to
+# A TCP connect on a LAN takes milliseconds; 5 s rides out a busy node without hiding a blackhole long.
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
 class Verdict(StrEnum):
@@ -25,15 +36,20 @@ class ErrorKind(StrEnum):
     DISCONNECTED = "disconnected"  # connected, but the connection broke before a complete answer
     HTTP_STATUS = "http_status"  # an answer other than 200
     MALFORMED = "malformed"  # a 200 that is not a chat completion
+    TOO_LARGE = "too_large"  # the body passed its cap (decoded size): not read further
 
 
 class ExitCode:
-    """`mooncake-operator canary` exit statuses."""
+    """Exit statuses of `mooncake-operator canary` and `mooncake-operator sandbox`, one meaning each."""
 
     PASSED = 0
-    FAILED = 1
-    INCONCLUSIVE = 2
-    USAGE_OR_CONNECTION = 3
+    FAILED = 1  # a wrong or missing answer: a finding about the replicas
+    INCONCLUSIVE = 2  # the answers may be fine, but the warm path was not proven
+    # Nothing could be judged: bad arguments or input files, an unreachable replica, a sandbox set-up error.
+    USAGE_OR_ENVIRONMENT = 3
+    INTERNAL_ERROR = 70  # a defect of mooncake-operator itself (sysexits' EX_SOFTWARE); never a verdict
+    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+    TERMINATED = 143  # 128 + SIGTERM
 
 
 class _Model(BaseModel):
@@ -46,6 +62,7 @@ class ChatAnswer(_Model):
     url: str
     status: int | None = None
     text: str | None = None
+    model: str | None = None  # the model the answer names
     reasoning: str | None = None
     finish_reason: str | None = None
     prompt_tokens: int | None = None
@@ -154,7 +171,7 @@ class CanaryResult(_Model):
         if self.verdict is Verdict.FAILED:
             return ExitCode.FAILED
         if self.connection_failed:
-            return ExitCode.USAGE_OR_CONNECTION
+            return ExitCode.USAGE_OR_ENVIRONMENT
         if self.verdict is Verdict.INCONCLUSIVE:
             return ExitCode.INCONCLUSIVE
         return ExitCode.PASSED
@@ -175,10 +192,15 @@ class CanaryConfig(_Model):
     request: dict[str, Any] = Field(default_factory=customer_request)
     expectations: list[Expectation] = Field(default_factory=customer_expectations)
     pairs: Literal["ring", "first"] = "ring"
-    request_timeout_s: float = Field(default=120.0, gt=0)
-    metrics_timeout_s: float = Field(default=10.0, gt=0)
+    request_timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
+    metrics_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)
+    connect_timeout_s: float = Field(default=DEFAULT_CONNECT_TIMEOUT_S, gt=0, allow_inf_nan=False)
+    max_chat_body_bytes: int = Field(default=DEFAULT_MAX_CHAT_BODY_BYTES, ge=1024, le=MAX_BODY_BYTES_LIMIT)
+    max_metrics_body_bytes: int = Field(
+        default=DEFAULT_MAX_METRICS_BODY_BYTES, ge=1024, le=MAX_BODY_BYTES_LIMIT
+    )
     connect_retries: int = Field(default=3, ge=0, le=20)
-    retry_backoff_s: float = Field(default=0.5, ge=0, le=60)
+    retry_backoff_s: float = Field(default=0.5, ge=0, le=60, allow_inf_nan=False)
     expected_external_hit_tokens: int | None = Field(default=None, ge=1)
     block_size: int | None = Field(default=None, ge=1)
     eagle: bool = False
@@ -187,7 +209,9 @@ class CanaryConfig(_Model):
     @classmethod
     def _replica_urls(cls, replicas: list[str]) -> list[str]:
         normalized = [normalize_base_url(url) for url in replicas]
-        duplicates = sorted({url for url in normalized if normalized.count(url) > 1})
+        # Linear: one count per distinct replica (credentials do not make another replica).
+        counts = Counter(redact_url(url, mask="") for url in normalized)
+        duplicates = sorted(url for url, count in counts.items() if count > 1)
         if duplicates:
             raise ValueError(f"each replica must be listed once; repeated: {', '.join(duplicates)}")
         return normalized
@@ -195,17 +219,7 @@ class CanaryConfig(_Model):
     @field_validator("request")
     @classmethod
     def _chat_request(cls, request: dict[str, Any]) -> dict[str, Any]:
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("the request needs a non-empty 'messages' list (an OpenAI chat completion body)")
-        if request.get("stream"):
-            raise ValueError(
-                "the request must not stream ('stream': true); the canary compares whole answers"
-            )
-        if request.get("n", 1) != 1:
-            raise ValueError("the request must ask for one choice ('n': 1)")
-        if "cache_salt" in request:
-            raise ValueError("the request must not set 'cache_salt'; the canary sets a fresh one per pair")
+        check_chat_request(request)
         return request
 
     @model_validator(mode="after")
@@ -217,15 +231,74 @@ class CanaryConfig(_Model):
         return self
 
 
+def check_chat_request(request: dict[str, Any]) -> None:
+    """Raises ValueError when `request` is not a body the canary can send (also the API's rule)."""
+    messages = request.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("the request needs a non-empty 'messages' list (an OpenAI chat completion body)")
+    if request.get("stream"):
+        raise ValueError("the request must not stream ('stream': true); the canary compares whole answers")
+    if request.get("n", 1) != 1:
+        raise ValueError("the request must ask for one choice ('n': 1)")
+    if "cache_salt" in request:
+        raise ValueError("the request must not set 'cache_salt'; the canary sets a fresh one per pair")
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def normalize_base_url(url: str) -> str:
-    """`http://host:8000/`, `http://host:8000/v1` -> `http://host:8000`; anything but http(s) is refused."""
-    stripped = url.strip().rstrip("/")
-    scheme, separator, rest = stripped.partition("://")
-    if not separator or scheme.lower() not in ("http", "https") or not rest or rest.startswith("/"):
-        raise ValueError(f"replica URL {url!r} must look like http://HOST:PORT")
-    if any(char.isspace() for char in rest):
-        raise ValueError(f"replica URL {url!r} contains whitespace")
-    return stripped.removesuffix("/v1")
+    """`HTTP://Host:8000/`, `http://host:8000/v1` -> `http://host:8000`; `http://h:80` -> `http://h`.
+
+    Scheme and host are lower-cased and a default port dropped, so one replica written two ways is
+    one replica. A path prefix is kept (a replica behind a path-routing proxy); a query string or
+    fragment is refused, since the canary appends /v1/chat/completions and /metrics to the base URL.
+    Credentials (user:password@) are kept for the requests and redacted wherever a URL is shown.
+    """
+    shown = redact_url(url)
+    stripped = url.strip()
+    if any(char.isspace() or ord(char) < 32 for char in stripped):
+        raise ValueError(f"replica URL {shown!r} contains whitespace or control characters")
+    try:
+        parts = urlsplit(stripped)
+        host, port = parts.hostname, parts.port
+    except ValueError as error:
+        raise ValueError(f"replica URL {shown!r} is malformed ({error}); write http://HOST:PORT") from None
+    if parts.scheme.lower() not in _DEFAULT_PORTS or not host:
+        raise ValueError(f"replica URL {shown!r} must look like http://HOST:PORT")
+    if parts.query or parts.fragment or stripped.endswith(("?", "#")):
+        raise ValueError(
+            f"replica URL {shown!r} must not carry a query string or fragment: the canary appends "
+            "/v1/chat/completions and /metrics to the base URL"
+        )
+    scheme = parts.scheme.lower()
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@{netloc}"
+    path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
+    return f"{scheme}://{netloc}{path}"
+
+
+def redact_url(url: str, *, mask: str = "***@") -> str:
+    """`url` with any user:password@ replaced by `***@`: how a URL is shown (tables, JSON, logs, errors)."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url
+    authority_end = min(
+        (i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i != -1), default=len(rest)
+    )
+    authority = rest[:authority_end]
+    if "@" not in authority:
+        return url
+    return f"{scheme}://{mask}{authority.rpartition('@')[2]}{rest[authority_end:]}"
+
+
+def printable(text: str) -> str:
+    """`text` safe to print and serialize: a lone surrogate becomes its escape (display only)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _minus(later: int | None, earlier: int | None) -> int | None:

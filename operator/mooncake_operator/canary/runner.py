@@ -28,6 +28,7 @@ from mooncake_operator.canary.models import (
     PairResult,
     StoreCounters,
     Verdict,
+    redact_url,
 )
 
 _CONTEXT_BEFORE = 20
@@ -35,7 +36,7 @@ _CONTEXT_AFTER = 40
 
 
 @dataclass(frozen=True)
-class PairEvidence:
+class PairMeasurement:
     """Everything measured for one pair, before judging it."""
 
     index: int
@@ -94,7 +95,7 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
         run_id=run_id,
         verdict=verdict,
         reason=reason,
-        replicas=config.replicas,
+        replicas=[redact_url(url) for url in config.replicas],
         pairs_mode=config.pairs,
         pairs=pairs,
         expectations=[expectation.describe() for expectation in config.expectations],
@@ -115,25 +116,21 @@ async def _measure_pair(
     writer: str,
     reader: str,
     run_id: str,
-) -> PairEvidence:
+) -> PairMeasurement:
     started = time.perf_counter()
     salt = new_cache_salt(run_id, index)
     before, metrics_error = await _scrape(client, reader, config, retry)
-    cold = await chat(
-        client, writer, config.request, cache_salt=salt, timeout=config.request_timeout_s, retry=retry
-    )
+    cold = await _chat(client, writer, config, retry, salt)
     warm = after = None
     if cold.ok:
-        warm = await chat(
-            client, reader, config.request, cache_salt=salt, timeout=config.request_timeout_s, retry=retry
-        )
+        warm = await _chat(client, reader, config, retry, salt)
         # An unresponsive reader would only make the second scrape wait out its timeout too.
         if before is not None and warm.error_kind not in (ErrorKind.CONNECTION, ErrorKind.TIMEOUT):
             after, metrics_error = await _scrape(client, reader, config, retry)
-    return PairEvidence(
+    return PairMeasurement(
         index=index,
-        writer=writer,
-        reader=reader,
+        writer=redact_url(writer),
+        reader=redact_url(reader),
         cache_salt=salt,
         cold=cold,
         warm=warm,
@@ -144,16 +141,39 @@ async def _measure_pair(
     )
 
 
+async def _chat(
+    client: httpx.AsyncClient, url: str, config: CanaryConfig, retry: RetryPolicy, salt: str
+) -> ChatAnswer:
+    return await chat(
+        client,
+        url,
+        config.request,
+        cache_salt=salt,
+        timeout=config.request_timeout_s,
+        retry=retry,
+        connect_timeout=config.connect_timeout_s,
+        max_body_bytes=config.max_chat_body_bytes,
+    )
+
+
 async def _scrape(
     client: httpx.AsyncClient, reader: str, config: CanaryConfig, retry: RetryPolicy
 ) -> tuple[StoreCounters | None, CounterScrapeError | None]:
     try:
-        return await scrape_counters(client, reader, timeout=config.metrics_timeout_s, retry=retry), None
+        counters = await scrape_counters(
+            client,
+            reader,
+            timeout=config.metrics_timeout_s,
+            retry=retry,
+            connect_timeout=config.connect_timeout_s,
+            max_body_bytes=config.max_metrics_body_bytes,
+        )
     except CounterScrapeError as error:
         return None, error
+    return counters, None
 
 
-def judge_pair(evidence: PairEvidence, config: CanaryConfig) -> PairResult:
+def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     """Failed on any wrong or missing answer; Inconclusive when the warm path is not proven; else Passed."""
     cold, warm = evidence.cold, evidence.warm
     failures: list[str] = []
@@ -168,6 +188,8 @@ def judge_pair(evidence: PairEvidence, config: CanaryConfig) -> PairResult:
         if answer.error_kind is ErrorKind.CONNECTION:
             connection_error = connection_error or message
             unproven.append(message)
+        elif answer.error_kind is ErrorKind.TOO_LARGE:
+            unproven.append(message)  # not judged: it may be a right answer longer than the cap
         else:
             failures.append(message + _body_suffix(answer))
     if cold is not None and not cold.ok:
@@ -179,6 +201,7 @@ def judge_pair(evidence: PairEvidence, config: CanaryConfig) -> PairResult:
         mismatch, problems = compare_answers(cold, warm)
         answers_equal = not problems
         failures.extend(problems)
+    failures.extend(model_problems(config.request.get("model"), cold, warm))
 
     expectation_violations = [
         f"{role} answer: {problem}"
@@ -191,12 +214,23 @@ def judge_pair(evidence: PairEvidence, config: CanaryConfig) -> PairResult:
     prompt_tokens = cold.prompt_tokens if cold is not None else None
     expected = expected_hit_for(config, prompt_tokens)
     delta = evidence.after.delta(evidence.before) if evidence.after and evidence.before else None
+    fallen = fallen_counters(evidence.before, evidence.after) if evidence.after and evidence.before else ""
     if warm is not None and warm.ok:
         if evidence.metrics_error is not None:
             if evidence.metrics_error.kind is ErrorKind.CONNECTION:
                 connection_error = connection_error or evidence.metrics_error.message
             unproven.append(f"reader's counters unavailable: {evidence.metrics_error.message}")
+        elif fallen:
+            unproven.append(
+                f"reader's counters went down between the reads ({fallen}): the replica restarted "
+                "during the pair, so its rise is no evidence"
+            )
         elif delta is not None:
+            if config.block_size is not None and prompt_tokens is None:
+                unproven.append(
+                    "the cold answer has no usage.prompt_tokens: the exact hit demanded by the block size "
+                    "cannot be computed (a vLLM OpenAI server always sends usage; a proxy dropped it?)"
+                )
             unproven.extend(hit_problems(delta, expected, cold, warm))
             notes.extend(hit_notes(delta, expected, config.block_size))
 
@@ -253,6 +287,34 @@ def compare_answers(cold: ChatAnswer, warm: ChatAnswer) -> tuple[Mismatch | None
             f"{warm.prompt_tokens}): they do not tokenize the request alike"
         )
     return mismatch, problems
+
+
+def model_problems(asked: object, cold: ChatAnswer | None, warm: ChatAnswer | None) -> list[str]:
+    """An answer that names another model than the request asked for is not an answer to it."""
+    if not isinstance(asked, str):
+        return []
+    return [
+        f"{role} answer names model {answer.model!r}, the request asked for {asked!r}"
+        for role, answer in (("cold", cold), ("warm", warm))
+        if answer is not None and answer.ok and answer.model is not None and answer.model != asked
+    ]
+
+
+def fallen_counters(before: StoreCounters, after: StoreCounters) -> str:
+    """Which counters are lower in the later reading ("" when none): counters only fall on a restart."""
+    fallen = []
+    for name in ("external_hit_tokens", "external_query_tokens", "local_hit_tokens"):
+        earlier, later = getattr(before, name), getattr(after, name)
+        if earlier is not None and later is not None and later < earlier:
+            fallen.append(f"{name} {earlier} -> {later}")
+    for name in ("prompt_tokens_by_source", "store_keys_by_operation", "store_failed_keys_by_operation"):
+        earlier_map, later_map = getattr(before, name), getattr(after, name)
+        fallen += [
+            f"{name}[{key}] {value} -> {later_map.get(key, 0)}"
+            for key, value in earlier_map.items()
+            if later_map.get(key, 0) < value
+        ]
+    return ", ".join(fallen)
 
 
 def hit_problems(
@@ -363,7 +425,7 @@ def _body_suffix(answer: ChatAnswer) -> str:
     return ""
 
 
-def _request_latency(evidence: PairEvidence) -> float:
+def _request_latency(evidence: PairMeasurement) -> float:
     latencies = [answer.latency_s for answer in (evidence.cold, evidence.warm) if answer is not None]
     latencies += [
         counters.latency_s for counters in (evidence.before, evidence.after) if counters is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -12,7 +13,12 @@ from typing import Any, NoReturn
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from mooncake_operator import safe_yaml
+from mooncake_operator.api import describe_validation_error
 from mooncake_operator.canary import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
     CanaryConfig,
     ExitCode,
     Expectation,
@@ -37,7 +43,12 @@ JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before 
 """
 
 EPILOG = """\
-exit status: 0 passed, 1 failed, 2 inconclusive, 3 usage error or a replica that cannot be reached.
+exit status: 0 passed, 1 failed, 2 inconclusive, 3 usage or environment error (nothing was judged:
+bad arguments or input files, a replica that cannot be reached), 70 internal error (a defect of
+mooncake-operator; the traceback follows).
+
+limits: each chat body is read up to --max-chat-bytes (4 MiB), each metrics page up to
+--max-metrics-bytes (16 MiB), decoded size; a larger body is Inconclusive, never read further.
 
 examples:
   mooncake-operator canary --replica http://10.0.0.21:8000 --replica http://10.0.0.22:8000 \\
@@ -66,7 +77,7 @@ class _CanaryArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(ExitCode.USAGE_OR_CONNECTION, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
@@ -128,6 +139,27 @@ def register(subparsers: Any) -> None:
         help="deadline per metrics read (default 10)",
     )
     parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=DEFAULT_CONNECT_TIMEOUT_S,
+        metavar="S",
+        help=f"deadline per TCP connect, retried past it (default {DEFAULT_CONNECT_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--max-chat-bytes",
+        type=int,
+        default=DEFAULT_MAX_CHAT_BODY_BYTES,
+        metavar="N",
+        help=f"cap on one chat answer's body, decoded (default {DEFAULT_MAX_CHAT_BODY_BYTES})",
+    )
+    parser.add_argument(
+        "--max-metrics-bytes",
+        type=int,
+        default=DEFAULT_MAX_METRICS_BODY_BYTES,
+        metavar="N",
+        help=f"cap on one metrics page, decoded (default {DEFAULT_MAX_METRICS_BODY_BYTES})",
+    )
+    parser.add_argument(
         "--retries",
         type=int,
         default=3,
@@ -152,11 +184,20 @@ def register(subparsers: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
+        result = asyncio.run(run_canary(config))
+        output = render_json(result) + "\n" if args.json else render_table(result)
     except UsageError as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
-        return ExitCode.USAGE_OR_CONNECTION
-    result = asyncio.run(run_canary(config))
-    sys.stdout.write(render_json(result) + "\n" if args.json else render_table(result))
+        return ExitCode.USAGE_OR_ENVIRONMENT
+    except Exception:
+        # Exit 1 means Failed (a finding about the replicas); a defect of ours must not read as one.
+        print(
+            "mooncake-operator canary: internal error (a defect of mooncake-operator, not a verdict "
+            "about the replicas); please report it with this traceback:\n" + traceback.format_exc(),
+            file=sys.stderr,
+        )
+        return ExitCode.INTERNAL_ERROR
+    sys.stdout.write(output)
     return result.exit_code
 
 
@@ -173,6 +214,9 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
         "pairs": args.pairs,
         "request_timeout_s": args.timeout,
         "metrics_timeout_s": args.metrics_timeout,
+        "connect_timeout_s": args.connect_timeout,
+        "max_chat_body_bytes": args.max_chat_bytes,
+        "max_metrics_body_bytes": args.max_metrics_bytes,
         "connect_retries": args.retries,
         "expected_external_hit_tokens": args.expected_hit,
         "block_size": args.block_size,
@@ -185,7 +229,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     try:
         return CanaryConfig(**options)
     except ValidationError as error:
-        raise UsageError(_describe(error)) from None
+        raise UsageError("; ".join(describe_validation_error(error))) from None
 
 
 def _load_request(path: Path) -> dict[str, Any]:
@@ -202,7 +246,7 @@ def _load_expectations(path: Path) -> list[Expectation]:
     try:
         return _EXPECTATIONS.validate_python(document)
     except ValidationError as error:
-        raise UsageError(f"{path}: {_describe(error)}") from None
+        raise UsageError(f"{path}: {'; '.join(describe_validation_error(error))}") from None
 
 
 def _load_document(path: Path) -> object:
@@ -210,16 +254,9 @@ def _load_document(path: Path) -> object:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise UsageError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UsageError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
-        return yaml.safe_load(text)  # JSON is YAML too
+        return safe_yaml.load(text)  # JSON is YAML too
     except yaml.YAMLError as error:
         raise UsageError(f"{path} is neither JSON nor YAML: {error}") from None
-
-
-def _describe(error: ValidationError) -> str:
-    problems = []
-    for item in error.errors():
-        location = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        problems.append(f"{location}: {message}" if location else message)
-    return "; ".join(problems)

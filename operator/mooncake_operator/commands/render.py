@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from mooncake_operator import safe_yaml
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, parse_resource
 from mooncake_operator.render import Manifest, render_all, to_yaml_stream
 
@@ -40,7 +41,7 @@ def _read(filename: str) -> str:
 
 def load_resources(text: str, source: str) -> list[MooncakeServing]:
     """Every MooncakeServing document in `text`, all validated; raises ValueError naming each problem."""
-    documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    documents = [doc for doc in safe_yaml.load_all(text) if doc is not None]
     if not documents:
         raise ValueError(f"{source}: no MooncakeServing found (the file is empty)")
     resources, problems = [], []

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,8 +14,11 @@ from typing import Any
 import kopf
 
 from mooncake_operator.handlers import build_registry
-from mooncake_operator.kube import KubeConfigError
+from mooncake_operator.kube import KubeClient, KubeConfigError
+from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings
 from mooncake_operator.operator_settings import OperatorSettings, SettingsError, load_replica_endpoints
+
+logger = logging.getLogger("mooncake_operator.run")
 
 DESCRIPTION = """\
 Reconcile MooncakeServing resources: apply the store master, the store config, the vLLM replicas and their
@@ -54,11 +60,32 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help='YAML map "<namespace>/<name>": [url, ...] overriding the per-replica DNS URLs',
     )
+    parser.add_argument(
+        "--master-endpoints",
+        type=Path,
+        metavar="FILE",
+        help='YAML map "<namespace>/<name>": [url, ...] overriding the HA masters\' admin URLs (by ordinal)',
+    )
     parser.add_argument("--resync-seconds", type=float, default=30.0, metavar="S")
     parser.add_argument("--retry-delay-seconds", type=float, default=10.0, metavar="S")
     parser.add_argument("--inconclusive-retry-seconds", type=float, default=60.0, metavar="S")
     parser.add_argument("--request-timeout-seconds", type=float, default=30.0, metavar="S")
     parser.add_argument("--watch-timeout-seconds", type=float, default=300.0, metavar="S")
+    parser.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="take a coordination.k8s.io Lease before reconciling, so only one operator process acts "
+        "(default: on)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        metavar="NS",
+        help="namespace of the Lease (default: $POD_NAMESPACE, else the kubeconfig's, else default)",
+    )
+    parser.add_argument(
+        "--lease-name", default="mooncake-operator", metavar="NAME", help="(mooncake-operator)"
+    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     verbosity.add_argument("--debug", action="store_true", help="log at DEBUG (default: INFO)")
@@ -67,6 +94,7 @@ def register(subparsers: Any) -> None:
 
 def settings_from(args: argparse.Namespace) -> OperatorSettings:
     endpoints = load_replica_endpoints(args.replica_endpoints) if args.replica_endpoints else {}
+    masters = load_replica_endpoints(args.master_endpoints) if args.master_endpoints else {}
     return OperatorSettings(
         namespaces=tuple(args.namespace),
         kubeconfig=args.kubeconfig,
@@ -76,6 +104,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         replica_endpoints=endpoints,
+        master_endpoints=masters,
         resync_seconds=args.resync_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,
@@ -94,11 +123,74 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(debug=args.debug, quiet=args.quiet)
     # One INFO line per API request (httpx's default) buries the operator's own lines.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.debug else logging.WARNING)
-    kopf.run(
-        registry=build_registry(settings),
-        standalone=True,
-        clusterwide=not settings.namespaces,
-        namespaces=list(settings.namespaces),
-        liveness_endpoint=settings.liveness_endpoint,
+    if not args.leader_election:
+        kopf.run(
+            registry=build_registry(settings),
+            standalone=True,
+            clusterwide=not settings.namespaces,
+            namespaces=list(settings.namespaces),
+            liveness_endpoint=settings.liveness_endpoint,
+        )
+        return 0
+    namespace = (
+        args.lease_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or settings.kube_config().namespace
+        or "default"
     )
-    return 0
+    return asyncio.run(run_as_leader(settings, LeaseSettings(namespace=namespace, name=args.lease_name)))
+
+
+async def run_as_leader(settings: OperatorSettings, lease: LeaseSettings) -> int:
+    """Wait for the Lease (answering liveness probes meanwhile), then run kopf while renewing it."""
+    async with KubeClient(settings.kube_config(), timeout=settings.request_timeout_seconds) as kube:
+        elector = LeaderElector(kube, lease)
+        async with _standby_liveness(settings):
+            await elector.acquire()
+        stop = asyncio.Event()
+        operator = asyncio.create_task(
+            kopf.operator(
+                registry=build_registry(settings),
+                standalone=True,
+                clusterwide=not settings.namespaces,
+                namespaces=list(settings.namespaces),
+                liveness_endpoint=settings.liveness_endpoint,
+                stop_flag=stop,
+            )
+        )
+        keeper = asyncio.create_task(elector.keep())
+        done, _ = await asyncio.wait({operator, keeper}, return_when=asyncio.FIRST_COMPLETED)
+        if keeper in done:
+            error = keeper.exception()
+            logger.error("stopping: %s", error if isinstance(error, LeadershipLost) else repr(error))
+            stop.set()
+            await asyncio.wait({operator}, timeout=30)
+            return 1
+        keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        await elector.release()
+        operator.result()
+        return 0
+
+
+@contextlib.asynccontextmanager
+async def _standby_liveness(settings: OperatorSettings) -> Any:
+    """A standby is alive: answer the liveness probe until kopf serves it (else it would be restarted)."""
+    if not settings.liveness_port:
+        yield
+        return
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nstandby\n")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, settings.liveness_host, settings.liveness_port)
+    try:
+        yield
+    finally:
+        server.close()
+        await server.wait_closed()

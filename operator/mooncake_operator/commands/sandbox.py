@@ -1,12 +1,18 @@
 """`mooncake-operator sandbox`: the customer's deployment on real engines, on this machine, with the canary.
 
     mooncake-operator sandbox [run] [--engine patched|buggy] [--replicas N] [--no-speculative] [--json]
+    mooncake-operator sandbox --master-ha [--no-oplog]   # etcd + 3 masters; the leader is killed mid-run
     mooncake-operator sandbox prepare      # engine venv, tiny models, engine overlays; nothing started
 
 `run` (the default) prepares what is missing (the only step that needs the network), re-executes itself
 in a loopback-only network namespace, starts a real mooncake_master and N real vLLM CPU replicas
 configured by `engine_args` from the customer's deployment, runs the warm/cold canary across them,
 prints the verdict with its evidence and stops everything, also on Ctrl-C, SIGTERM and failure.
+
+With `--master-ha` it runs a real etcd and three masters electing a leader instead of one master, and
+after the first canary kills the leader while the store holds a prefix, waits for the new leader, proves
+that prefix still loads (warm == cold; without the oplog it is lost, and the run says so) and runs the
+canary again. The failover time (leader killed -> a warm load succeeds again) is reported.
 """
 
 from __future__ import annotations
@@ -17,13 +23,21 @@ import json
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import httpx
 
 from mooncake_operator import netns
-from mooncake_operator.canary import CanaryConfig, CanaryResult, Verdict, customer_request, run_canary
+from mooncake_operator.canary import (
+    CanaryConfig,
+    CanaryResult,
+    ExitCode,
+    Verdict,
+    customer_request,
+    run_canary,
+)
 from mooncake_operator.canary.report import render_json, render_table
 from mooncake_operator.sandbox import (
     EngineMode,
@@ -36,16 +50,10 @@ from mooncake_operator.sandbox import (
     prepare,
     start_sandbox,
 )
+from mooncake_operator.sandbox.failover import FailoverReport, prove_failover
 from mooncake_operator.sandbox.runtime import MAX_REPLICAS
 
-
-class ExitCode:
-    PASSED = 0
-    FAILED = 1
-    INCONCLUSIVE = 2
-    SETUP_ERROR = 3
-    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-    TERMINATED = 143  # 128 + SIGTERM
+HA_MASTERS = 3
 
 
 VERDICT_EXIT = {
@@ -60,8 +68,12 @@ CONTENT_CHECKS_OFF = (
 REQUEST_TIMEOUT_S = 300.0  # a CPU replica on a busy 2-core machine can take long for 80 tokens
 
 EPILOG = """\
-exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 setup error (engine env,
-models, master, a replica that did not start), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 usage or environment error
+(nothing was judged: engine env, models, master, a replica that did not start or cannot be reached),
+70 internal error (a defect of mooncake-operator), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
+The codes mean the same as `mooncake-operator canary`'s. With --master-ha the worst of: the canary
+before the failover, the pre-failover prefix loaded after it (inconclusive when it was lost, as with
+--no-oplog), and the canary after it.
 
 Everything heavy is cached in $MOONCAKE_OPERATOR_CACHE (default ~/.cache/mooncake-operator).
 """
@@ -72,7 +84,7 @@ class _SandboxArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(ExitCode.SETUP_ERROR, f"{self.prog}: error: {message}\n")
+        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
 
 
 def register(subparsers: Any) -> None:
@@ -100,6 +112,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--replicas", type=_replica_count, default=2, metavar="N", help="replicas (2)")
     parser.add_argument(
         "--no-speculative", action="store_true", help="drop the deployment's Eagle-3 speculative config"
+    )
+    parser.add_argument(
+        "--master-ha",
+        action="store_true",
+        help=f"etcd + {HA_MASTERS} masters electing a leader; kill the leader mid-run, prove the store again",
+    )
+    parser.add_argument(
+        "--no-oplog",
+        action="store_true",
+        help="with --master-ha: masters without -enable_oplog (shows what a failover loses without it)",
     )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
     parser.add_argument(
@@ -131,6 +153,9 @@ def _terminate(signum: int, frame: object) -> None:
 def _run(args: argparse.Namespace) -> int:
     engine = EngineMode(args.engine)
     log = _stderr_line
+    if args.no_oplog and not args.master_ha:
+        log("setup error: --no-oplog needs --master-ha (it is about the highly available masters' oplog)")
+        return ExitCode.USAGE_OR_ENVIRONMENT
     signal.signal(signal.SIGTERM, _terminate)
     try:
         # Outside the namespace: the first run installs packages.
@@ -138,7 +163,7 @@ def _run(args: argparse.Namespace) -> int:
         prepared = prepare(engines, log=log)
     except SandboxSetupError as error:
         log(f"setup error: {error}")
-        return ExitCode.SETUP_ERROR
+        return ExitCode.USAGE_OR_ENVIRONMENT
     except KeyboardInterrupt:
         log("interrupted during set-up")
         return ExitCode.INTERRUPTED
@@ -153,7 +178,12 @@ def _run(args: argparse.Namespace) -> int:
         return ExitCode.PASSED
     isolated = _enter_private_netns()
     options = SandboxOptions(
-        replicas=args.replicas, engine=engine, speculative=not args.no_speculative, keep_logs=args.keep_logs
+        replicas=args.replicas,
+        engine=engine,
+        speculative=not args.no_speculative,
+        keep_logs=args.keep_logs,
+        ha_masters=HA_MASTERS if args.master_ha else 0,
+        enable_oplog=not args.no_oplog,
     )
     return run_sandbox(options, prepared, as_json=args.json, isolated=isolated)
 
@@ -176,6 +206,8 @@ def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, i
     outcome: dict[str, Any] = {"engine": options.engine.value, "replicas": options.replicas}
     outcome["speculative"] = options.speculative
     outcome["network_namespace"] = isolated
+    if options.ha_masters:
+        outcome["master_ha"] = {"masters": options.ha_masters, "enable_oplog": options.enable_oplog}
     try:
         code = asyncio.run(_main(options, prepared, outcome))
     except KeyboardInterrupt:
@@ -188,11 +220,15 @@ def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, i
         code = ExitCode.FAILED
         outcome["error"] = f"replica died: {error}"
     except SandboxSetupError as error:
-        code = ExitCode.SETUP_ERROR
+        code = ExitCode.USAGE_OR_ENVIRONMENT
         outcome["error"] = f"setup error: {error}"
     except SandboxError as error:
         code = ExitCode.FAILED
         outcome["error"] = str(error)
+    except Exception:
+        # Exit 1 means Failed; a defect of ours must not read as a verdict about the engines.
+        code = ExitCode.INTERNAL_ERROR
+        outcome["error"] = "internal error (a defect of mooncake-operator):\n" + traceback.format_exc()
     outcome["exit_code"] = code
     _print_outcome(outcome, as_json=as_json)
     return code
@@ -217,10 +253,37 @@ async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, 
         outcome["verdict"] = result.verdict.value
         outcome["canary"] = json.loads(render_json(result))
         outcome["canary_table"] = render_table(result)
-        if result.verdict is not Verdict.PASSED:
+        verdict = result.verdict
+        if sandbox.ha is not None:
+            verdict = await _failover(sandbox, result, outcome)
+        outcome["verdict"] = verdict.value
+        if verdict is not Verdict.PASSED:
             sandbox.keep_run_dir = True  # the engines' logs are the evidence
             outcome["logs"] = str(sandbox.run_dir)
-    return VERDICT_EXIT[result.verdict]
+    if verdict is result.verdict:
+        return result.exit_code  # an unreachable replica is an environment error (3), as in `canary`
+    return VERDICT_EXIT[verdict]
+
+
+_SEVERITY = {Verdict.PASSED: 0, Verdict.INCONCLUSIVE: 1, Verdict.FAILED: 2}
+
+
+async def _failover(sandbox: Sandbox, before: CanaryResult, outcome: dict[str, Any]) -> Verdict:
+    """After a passing canary: kill the leader, prove the pre-failover prefix, run the canary again."""
+    if before.verdict is not Verdict.PASSED:
+        outcome["failover"] = {"skipped": "the canary before the failover did not pass"}
+        return before.verdict
+    config = canary_config(
+        sandbox.replica_urls, block_size=sandbox.block_size, eagle=sandbox.options.speculative
+    )
+    async with httpx.AsyncClient(trust_env=False) as client:
+        report: FailoverReport = await sandbox.guard(prove_failover(sandbox, client, config))
+    _stderr_line(f"sandbox: failover: {report.summary()}")
+    outcome["failover"] = report.as_json()
+    after = await sandbox.guard(_canary(sandbox))
+    outcome["canary_after_failover"] = json.loads(render_json(after))
+    outcome["canary_table"] += "after the failover:\n" + render_table(after)
+    return max((before.verdict, report.verdict, after.verdict), key=_SEVERITY.__getitem__)
 
 
 async def _canary(sandbox: Sandbox) -> CanaryResult:
@@ -252,6 +315,9 @@ def _print_outcome(outcome: dict[str, Any], *, as_json: bool) -> None:
         return
     if "canary_table" in outcome:
         sys.stdout.write(outcome["canary_table"])
+        failover = outcome.get("failover")
+        if isinstance(failover, dict) and "summary" in failover:
+            sys.stdout.write(f"sandbox: failover: {failover['summary']}\n")
         sys.stdout.write(f"sandbox: verdict {outcome['verdict']}; {CONTENT_CHECKS_OFF}\n")
     if "error" in outcome:
         sys.stdout.write(f"sandbox: {outcome['error']}\n")

@@ -16,8 +16,9 @@ from decimal import Decimal
 from typing import Any
 
 from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.kube import KubeApiError, KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.render import LABEL_MANAGED_BY, MANAGED_BY, ChildRef
 
 Manifest = dict[str, Any]
 
@@ -114,6 +115,14 @@ def immutable_changes(desired: Manifest, live: Mapping[str, Any] | None) -> list
     ]
 
 
+class ApplyError(Exception):
+    """The API server refused a child (a 409 conflict, a 422 the schema refuses, a 500): what and why."""
+
+    def __init__(self, kind: str, name: str, error: KubeApiError) -> None:
+        self.kind, self.name, self.error = kind, name, error
+        super().__init__(f"applying {kind}/{name} failed: {error}")
+
+
 @dataclass(frozen=True)
 class AppliedChild:
     kind: str
@@ -142,6 +151,28 @@ async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> li
     for desired, live in pairs:
         why = needs_apply(desired, live)
         if why is not None:
-            await kube.apply(desired, field_manager=FIELD_MANAGER)
+            try:
+                await kube.apply(desired, field_manager=FIELD_MANAGER)
+            except KubeApiError as error:
+                raise ApplyError(desired["kind"], desired["metadata"]["name"], error) from error
         results.append(AppliedChild(desired["kind"], desired["metadata"]["name"], why))
     return results
+
+
+async def scale_down_retired(kube: KubeClient, namespace: str, refs: Sequence[ChildRef]) -> list[ChildRef]:
+    """Scale to zero the workloads the spec no longer renders (e.g. the single master's Deployment after a
+    switch to highly available masters) when they exist, are this operator's and still run pods."""
+    scaled = []
+    for ref in refs:
+        live = await kube.get_or_none(ref.api_version, ref.kind, ref.name, namespace)
+        if live is None:
+            continue
+        labels = (live.get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or (live.get("spec") or {}).get("replicas") == 0:
+            continue
+        patch = {"spec": {"replicas": 0}}
+        await kube.patch_merge(
+            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=FIELD_MANAGER
+        )
+        scaled.append(ref)
+    return scaled

@@ -23,14 +23,20 @@ from mooncake_operator.api import InvalidResourceError, MooncakeServing, Mooncak
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
+from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, OperatorSettings
-from mooncake_operator.reconcile import plan, proof, status
-from mooncake_operator.reconcile.children import ImmutableChangeError, ensure_children
-from mooncake_operator.reconcile.observe import observe
+from mooncake_operator.reconcile import leader, plan, proof, status
+from mooncake_operator.reconcile.children import (
+    ApplyError,
+    ImmutableChangeError,
+    ensure_children,
+    scale_down_retired,
+)
+from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.plan import Outcome
-from mooncake_operator.reconcile.revisions import read_last_good, write_last_good
+from mooncake_operator.reconcile.revisions import read_verified_last_good, write_last_good
 from mooncake_operator.reconcile.traffic import set_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
@@ -57,7 +63,9 @@ class Runtime:
 
     @classmethod
     def start(cls, settings: OperatorSettings) -> Runtime:
-        kube = KubeClient(settings.kube_config(), timeout=settings.request_timeout_seconds)
+        kube = KubeClient(
+            settings.kube_config(), timeout=settings.request_timeout_seconds, kinds=[SERVING_KIND]
+        )
         # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
@@ -115,7 +123,6 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     state = _StatusWriter(runtime, body)
     try:
         resource = api.parse_resource({**body, "status": None})
-        proof.validate_canary_spec(resource.spec)
     except InvalidResourceError as error:
         return await state.invalid(error.problems)
     return await _Pass(runtime, body, resource, state).run()
@@ -175,6 +182,19 @@ class _StatusWriter:
             self.body, reason=reason, message=message, type=status.event_type(verdict.phase, reason)
         )
 
+    async def apply_failed(self, message: str, retry_after: float) -> Outcome:
+        """The API server refused a child: Ready says why; every other field is kept."""
+        verdict = status.apply_failed(message, self.current.phase)
+        conditions = merge_conditions(
+            self.current.conditions,
+            verdict.conditions,
+            now=proof.format_time(self.now),
+            generation=self.generation,
+        )
+        update = {"phase": verdict.phase, "observed_generation": self.generation, "conditions": conditions}
+        await self.write(verdict, self.current.model_copy(update=update))
+        return Outcome(ReconcileResult.ERROR, message, retry_after=retry_after)
+
     async def invalid(self, problems: list[str]) -> Outcome:
         """Nothing is applied; the status says why, field by field (every other field is kept)."""
         verdict = status.invalid(problems)
@@ -207,13 +227,16 @@ class _Pass:
         self.state = state
         self.uid: str = body["metadata"]["uid"]
         self.namespace = resource.metadata.namespace
+        self.high_availability = state.current.high_availability
         self.timing = plan.Timing(
             retry_delay_seconds=self.settings.retry_delay_seconds,
             inconclusive_retry_seconds=self.settings.inconclusive_retry_seconds,
         )
 
     async def run(self) -> Outcome:
-        last_good = await read_last_good(self.kube, self.resource)
+        last_good, refused = await read_verified_last_good(
+            self.kube, self.resource, self.state.current.last_good_revision
+        )
         choice = plan.choose_revision(self.resource, self.state.current, last_good)
         serving = self.resource.model_copy(update={"spec": choice.spec})
         policy = await self.runtime.policy_api_version()
@@ -222,10 +245,15 @@ class _Pass:
             applied = await ensure_children(self.kube, manifests)
         except ImmutableChangeError as error:
             return await self.state.invalid(error.problems)
+        except ApplyError as error:
+            logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
+            return await self.state.apply_failed(str(error), self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
-        observation = await observe(self.kube, serving)
+            # Only a change of the rendered children can retire others (so no reads when idle).
+            await scale_down_retired(self.kube, self.namespace, render.retired_workloads(serving))
+        observation = await self.observe_leader(serving, await observe(self.kube, serving))
         inputs = plan.Inputs(
             resource=self.resource,
             current=self.state.current,
@@ -234,6 +262,8 @@ class _Pass:
             last_good=last_good,
             now=self.state.now,
             timing=self.timing,
+            high_availability=self.high_availability,
+            last_good_refused=refused,
         )
         decision = plan.plan(inputs)
         await self.execute(decision)
@@ -252,6 +282,22 @@ class _Pass:
             await self.execute(decision)
         assert decision.outcome is not None  # a plan that follows a run orders no other run
         return decision.outcome
+
+    async def observe_leader(self, serving: MooncakeServing, observation: Observation) -> Observation:
+        """Highly available masters: the leader from the masters' own view; an event on a failover."""
+        urls = self.settings.master_endpoints_for(self.namespace, serving.metadata.name)
+        found = await leader.observe_leader(self.runtime.http, serving, observation, urls)
+        if found is None:
+            self.high_availability = None
+            return observation
+        now = proof.format_time(self.state.now)
+        self.high_availability, failover = leader.track(self.high_availability, found, now=now)
+        if failover is not None:
+            logger.info("%s/%s %s", self.namespace, serving.metadata.name, failover)
+            await self.kube.create_event(
+                self.state.body, reason="MasterFailover", message=failover, type="Warning"
+            )
+        return found.observation
 
     async def execute(self, decision: plan.Plan) -> None:
         """Record the last good revision, write the status, then set the traffic labels: a status write

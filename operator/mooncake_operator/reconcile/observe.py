@@ -38,7 +38,8 @@ class PodInfo:
 class MasterState:
     ready: bool
     message: str
-    pod: PodInfo | None = None
+    pod: PodInfo | None = None  # with highly available masters: the leader's pod (reconcile.leader)
+    pods: tuple[PodInfo, ...] = ()  # every master pod found, ordered by name
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,25 @@ def master_state(deployment: Mapping[str, Any] | None, pods: Sequence[Mapping[st
     return MasterState(True, f"master pod {ready_pod.name} ready", ready_pod)
 
 
+def ha_master_rollout_state(
+    resource: MooncakeServing, stateful_set: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+) -> MasterState:
+    """Highly available masters, before asking who leads: rolled out, and every master pod Ready (a
+    standby is Ready too: it runs and takes part in the election). `reconcile.leader` then decides."""
+    infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
+    if stateful_set is None:
+        return MasterState(False, "master StatefulSet not found", None, infos)
+    update_revision = (stateful_set.get("status") or {}).get("updateRevision")
+    if not _generation_observed(stateful_set) or update_revision is None:
+        return MasterState(False, "master StatefulSet: rollout not yet observed", None, infos)
+    desired = resource.spec.store.master.high_availability.replicas
+    live = [info for info in infos if not info.terminating]
+    ready = [info for info in live if info.ready and info.revision == update_revision]
+    if len(ready) < desired:
+        return MasterState(False, f"{len(ready)}/{desired} masters ready", None, infos)
+    return MasterState(True, f"{desired}/{desired} masters ready", None, infos)
+
+
 def replica_state(
     resource: MooncakeServing, stateful_set: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
 ) -> ReplicaState:
@@ -156,13 +176,18 @@ async def observe(kube: KubeClient, resource: MooncakeServing) -> Observation:
     """Two GETs and two label-selected LISTs."""
     names = render.ChildNames.of(resource.metadata.name)
     namespace = resource.metadata.namespace
-    deployment = await kube.get_or_none("apps/v1", "Deployment", names.master, namespace)
+    ha = render.ha_enabled(resource)
+    master_kind = "StatefulSet" if ha else "Deployment"
+    master_workload = await kube.get_or_none("apps/v1", master_kind, names.master, namespace)
     stateful_set = await kube.get_or_none("apps/v1", "StatefulSet", names.replicas, namespace)
     master_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "master"))
     replica_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "replica"))
-    return Observation(
-        master_state(deployment, master_pods), replica_state(resource, stateful_set, replica_pods)
+    master = (
+        ha_master_rollout_state(resource, master_workload, master_pods)
+        if ha
+        else master_state(master_workload, master_pods)
     )
+    return Observation(master, replica_state(resource, stateful_set, replica_pods))
 
 
 def _selector(resource: MooncakeServing, which: str) -> str:

@@ -17,6 +17,7 @@ until a pass); an inconclusive one changes nothing. With the canary disabled eve
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +26,7 @@ from mooncake_operator import render
 from mooncake_operator.api import (
     CanaryStatus,
     CanaryTarget,
+    HighAvailabilityStatus,
     MooncakeServing,
     MooncakeServingSpec,
     MooncakeServingStatus,
@@ -88,6 +90,8 @@ class Inputs:
     now: datetime
     timing: Timing
     fresh: CanaryRun | None = None  # a run that finished in this pass
+    high_availability: HighAvailabilityStatus | None = None  # the masters' leader, as tracked this pass
+    last_good_refused: str | None = None  # why the stored last good record was not trusted
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,7 @@ def canary_target(inputs: Inputs) -> CanaryTarget:
         master_pod=master.uid if master else None,
         master_restarts=master.restarts if master else 0,
         rerun=rerun_value(inputs.resource),
+        master_leader=master.name if master and render.ha_enabled(serving) else None,
     )
 
 
@@ -300,6 +305,7 @@ def _next_status(
         failed_revision=revisions.failed,
         out_of_traffic=held,
         traffic=traffic,
+        high_availability=inputs.high_availability,
     )
 
 
@@ -362,20 +368,20 @@ def plan(inputs: Inputs) -> Plan:
     if _must_roll_back(inputs, revisions, canary):
         assert canary is not None  # checked by _must_roll_back
         verdict = status.rolling_back(observation, revisions, canary)
-        revisions = status.Revisions(
-            revisions.desired, revisions.serving, revisions.desired, revisions.last_good
-        )
+        revisions = dataclasses.replace(revisions, failed=revisions.desired)
         outcome = Outcome(
             ReconcileResult.ROLLED_BACK,
             verdict.conditions[READY].message,
             retry_after=min(inputs.timing.retry_delay_seconds, 1.0),
         )
         return planned(verdict, outcome, roll_back=True)
+    failed_here = canary is not None and canary.verdict == "Failed"
+    if failed_here and spec.canary.on_failure == "Rollback" and revisions.serving == revisions.desired:
+        # A stored record that was changed after its canary is never rolled back to: say so.
+        revisions = dataclasses.replace(revisions, rollback_refused=inputs.last_good_refused)
     record: MooncakeServingSpec | None = None
     if _passed_at(canary, revisions.serving):
-        revisions = status.Revisions(
-            revisions.desired, revisions.serving, revisions.failed, revisions.serving
-        )
+        revisions = dataclasses.replace(revisions, last_good=revisions.serving)
         stored = inputs.last_good.revision if inputs.last_good is not None else None
         if not revisions.rolled_back and stored != revisions.serving:
             record = inputs.choice.spec

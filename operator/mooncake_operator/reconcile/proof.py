@@ -11,13 +11,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from mooncake_operator import api
 from mooncake_operator.api import (
     CanaryStatus,
     CanaryTarget,
-    InvalidResourceError,
     MooncakeServingSpec,
     PairEvidence,
 )
@@ -53,31 +52,14 @@ def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfi
         "block_size": spec.engine.block_size,
         "eagle": spec.speculative is not None,
     }
+    if spec.canary.max_chat_body_bytes is not None:
+        options["max_chat_body_bytes"] = spec.canary.max_chat_body_bytes
+    if spec.canary.max_metrics_body_bytes is not None:
+        options["max_metrics_body_bytes"] = spec.canary.max_metrics_body_bytes
     expectations = canary_expectations(spec)
     if expectations is not None:
         options["expectations"] = expectations
     return CanaryConfig(**options)
-
-
-def validate_canary_spec(spec: MooncakeServingSpec) -> None:
-    """The canary section as the canary will read it; raises InvalidResourceError field by field."""
-    if not spec.canary.enabled:
-        return
-    try:
-        canary_expectations(spec)
-    except ValidationError as error:
-        raise InvalidResourceError(
-            api.describe_validation_error(error, prefix="spec.canary.expectations")
-        ) from error
-    placeholders = [f"http://replica-{index}:{spec.engine.port}" for index in range(max(spec.replicas, 2))]
-    try:
-        canary_config(spec, placeholders)
-    except ValidationError as error:
-        problems = [
-            problem.replace("spec.canary.request_timeout_s", "spec.canary.timeoutSeconds")
-            for problem in api.describe_validation_error(error, prefix="spec.canary")
-        ]
-        raise InvalidResourceError(problems) from error
 
 
 def current_target(
@@ -88,6 +70,7 @@ def current_target(
     master_pod: str | None,
     master_restarts: int,
     rerun: str | None,
+    master_leader: str | None = None,
 ) -> CanaryTarget:
     return CanaryTarget(
         revision=revision,
@@ -96,6 +79,7 @@ def current_target(
         master_pod=master_pod,
         master_restarts=master_restarts,
         rerun=rerun,
+        master_leader=master_leader,
     )
 
 
@@ -127,6 +111,8 @@ def canary_due(
     if before.replica_pods != target.replica_pods:
         replaced = sorted(set(target.replica_pods) - set(before.replica_pods))
         return f"replica pods replaced: {', '.join(item.split('=')[0] for item in replaced) or 'scaled'}"
+    if before.master_leader != target.master_leader:
+        return f"the store master failed over (leader {before.master_leader} -> {target.master_leader})"
     if before.master_pod != target.master_pod or target.master_restarts > before.master_restarts:
         return "the store master restarted"
     if before.rerun != target.rerun:

@@ -2,6 +2,10 @@
 
 `onFailure: Rollback` renders the children from it instead of the user's spec, which is never rewritten.
 The ConfigMap (NAME-last-good, key spec.json) is a child like the others: it goes with its owner.
+
+Anyone allowed to edit ConfigMaps in the namespace could edit it, so it is trusted only when the digest of
+the spec it holds is `status.lastGoodRevision` (recorded when the canary passed): a changed, unreadable
+or missing one is refused, and the refusal is shown in the Ready condition.
 """
 
 from __future__ import annotations
@@ -63,6 +67,36 @@ def parse_last_good(config_map: dict[str, Any] | None) -> LastGood | None:
     except (ValueError, ValidationError):
         return None
     return LastGood(render.spec_hash(spec), spec)
+
+
+def verified_last_good(
+    config_map: dict[str, Any] | None, recorded: str | None
+) -> tuple[LastGood | None, str | None]:
+    """(the stored spec, None) when it is the recorded last good revision; (None, why) when it must not
+    be trusted; (None, None) when no revision has been recorded yet (nothing to roll back to)."""
+    if recorded is None:
+        return None, None
+    name = (config_map or {}).get("metadata", {}).get("name", "the last-good ConfigMap")
+    if config_map is None:
+        return None, f"the last-good ConfigMap holding revision {recorded} is missing"
+    stored = parse_last_good(config_map)
+    if stored is None:
+        return None, f"ConfigMap {name} is unreadable (key {SPEC_KEY}): not revision {recorded}"
+    if stored.revision != recorded:
+        return None, (
+            f"ConfigMap {name} holds a spec with digest {stored.revision}, but status.lastGoodRevision is "
+            f"{recorded}: it was changed after the canary proved it"
+        )
+    return stored, None
+
+
+async def read_verified_last_good(
+    kube: KubeClient, resource: MooncakeServing, recorded: str | None
+) -> tuple[LastGood | None, str | None]:
+    config_map = await kube.get_or_none(
+        "v1", "ConfigMap", config_map_name(resource.metadata.name), resource.metadata.namespace
+    )
+    return verified_last_good(config_map, recorded)
 
 
 async def read_last_good(kube: KubeClient, resource: MooncakeServing) -> LastGood | None:

@@ -12,7 +12,7 @@ from mooncake_operator.conditions import ConditionState, Reason
 from mooncake_operator.reconcile.observe import Observation
 
 WARNING_PHASES: frozenset[Phase] = frozenset({"Invalid", "CanaryFailed", "Degraded"})
-WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value})
+WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value, Reason.APPLY_FAILED.value})
 
 
 def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
@@ -47,6 +47,8 @@ class Revisions:
     serving: str
     failed: str | None
     last_good: str | None
+    # Why the last good revision may not be rolled back to (its ConfigMap was changed); None: it may.
+    rollback_refused: str | None = None
 
     @property
     def rolled_back(self) -> bool:
@@ -71,6 +73,20 @@ def invalid(problems: list[str]) -> Verdict:
             cond.REPLICAS_READY: not_reconciled,
             cond.CANARY_PASSED: not_reconciled,
             cond.READY: cond.false(Reason.INVALID_SPEC, message),
+        },
+    )
+
+
+def apply_failed(message: str, previous: Phase | None) -> Verdict:
+    """The API server refused a child: Ready says which and why; the phase stays what it was."""
+    unknown = cond.unknown(Reason.APPLY_FAILED, "not reconciled: applying a child failed")
+    return Verdict(
+        previous or "Pending",
+        {
+            cond.MASTER_READY: unknown,
+            cond.REPLICAS_READY: unknown,
+            cond.CANARY_PASSED: unknown,
+            cond.READY: cond.false(Reason.APPLY_FAILED, f"{message} (retried)"),
         },
     )
 
@@ -188,6 +204,8 @@ def settled(
             "Canary", {**conditions, cond.READY: cond.false(Reason.CANARY_PENDING, canary_state.message)}
         )
     held = " Replicas that failed are out of the client Service." if on_failure == "Hold" else ""
+    if revisions.rollback_refused:
+        held += f" Rollback refused: {revisions.rollback_refused}."
     return Verdict(
         "CanaryFailed",
         {**conditions, cond.READY: cond.false(canary_state.reason, canary_state.message + held)},

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mooncake_operator
-from mooncake_operator.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
+from mooncake_operator.sandbox.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
 from mooncake_operator.sandbox.engine_env import EngineEnv, Log
 from mooncake_operator.sandbox.errors import SandboxSetupError
 
@@ -111,7 +111,7 @@ def _patcher(env: EngineEnv, patcher: Path, command: str, vllm_dir: Path) -> sub
 
 
 def _digest(installed: Path, patcher: Path) -> str:
-    import mooncake_operator.buggy_engine as overlay_code
+    import mooncake_operator.sandbox.buggy_engine as overlay_code
 
     hasher = hashlib.sha256()
     hasher.update(str(installed).encode())

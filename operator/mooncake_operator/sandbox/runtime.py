@@ -41,6 +41,7 @@ from mooncake_operator.examples import customer_deployment
 from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
 from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
 from mooncake_operator.sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSetupError
+from mooncake_operator.sandbox.ha import HaMasters, start_ha_masters
 from mooncake_operator.sandbox.models import TinyModels, ensure_tiny_models
 from mooncake_operator.sandbox.processes import ManagedProcess, free_port, stop_processes, tree_rss_bytes
 from mooncake_operator.sandbox.progress import Progress
@@ -96,10 +97,15 @@ class SandboxOptions:
     stop_grace_s: float = 10.0
     # After a restart, until the master has dropped the replaced processes' store segments.
     segment_drop_wait_s: float = MASTER_CLIENT_TTL_S + 2.0
+    # Highly available masters: a real etcd and this many masters electing a leader (0: one plain master).
+    ha_masters: int = 0
+    enable_oplog: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, got {self.replicas}")
+        if self.ha_masters == 1 or self.ha_masters < 0:
+            raise ValueError(f"ha_masters must be 0 (one plain master) or at least 2, got {self.ha_masters}")
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,7 @@ class Sandbox:
     master_port: int = field(default_factory=free_port)
     master_metrics_port: int = field(default_factory=free_port)
     replicas: list[Replica] = field(default_factory=list)
+    ha: HaMasters | None = None  # with SandboxOptions.ha_masters: etcd and the electing masters
     keep_run_dir: bool = False  # set it to keep the logs although the block ends normally
     _stopped: bool = False
 
@@ -180,6 +187,9 @@ class Sandbox:
 
     @property
     def master_address(self) -> str:
+        """The store config's master address: the master, or etcd:// when the masters elect a leader."""
+        if self.ha is not None:
+            return self.ha.topology.master_server_address
         return f"{LOOPBACK}:{self.master_port}"
 
     @property
@@ -202,7 +212,10 @@ class Sandbox:
         speculative = any(replica.speculative for replica in self.replicas) or self.options.speculative
         spec = sandbox_spec(speculative=speculative)
         lines = describe_substitutions(spec, substitutions_for(self.prepared.models, speculative=speculative))
-        lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
+        if self.ha is None:
+            lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
+        else:
+            lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free)", *self.ha.describe()]
         lines += [f"mooncake_master {arg} (sandbox only; default 10 s)" for arg in MASTER_EXTRA_ARGS]
         lines += [f"env {key}={value} (sandbox only)" for key, value in SANDBOX_RUNTIME_ENV.items()]
         for replica in self.replicas:
@@ -217,6 +230,8 @@ class Sandbox:
     def rss_bytes(self) -> int:
         """Resident memory of every process the sandbox runs (master, replicas and their children)."""
         processes = [self.master, *(replica.process for replica in self.replicas)]
+        if self.ha is not None:
+            processes += self.ha.processes()
         return tree_rss_bytes(process.pgid for process in processes if process is not None)
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -281,6 +296,8 @@ class Sandbox:
         processes = [replica.process for replica in self.replicas if replica.process is not None]
         if self.master is not None:
             processes.append(self.master)
+        if self.ha is not None:
+            processes += [process for process in self.ha.processes() if process.exit_code() is None]
         problems = stop_processes(processes, grace_s=self.options.stop_grace_s)
         for replica in self.replicas:
             replica.process = None
@@ -289,6 +306,9 @@ class Sandbox:
     # --- watching ----------------------------------------------------------------------------------
 
     def check_master(self) -> None:
+        if self.ha is not None:
+            self.ha.check()
+            return
         master = self.master
         if master is None or master.exit_code() is not None:
             code = None if master is None else master.exit_code()
@@ -329,6 +349,17 @@ class Sandbox:
     # --- internals ---------------------------------------------------------------------------------
 
     async def _start_master(self) -> None:
+        if self.options.ha_masters:
+            self.ha = await start_ha_masters(
+                run_dir=self.run_dir,
+                env=self.inherited_env,
+                executable=self.prepared.env.mooncake_master,
+                masters=self.options.ha_masters,
+                enable_oplog=self.options.enable_oplog,
+                extra_args=MASTER_EXTRA_ARGS,
+                progress=self.progress,
+            )
+            return
         argv = master_argv(
             sandbox_spec(speculative=self.options.speculative),
             rpc_address=LOOPBACK,
@@ -370,6 +401,7 @@ class Sandbox:
             store_config_path=str(store_config_path),
             entrypoint=(str(self.prepared.env.python), "-m", SERVER_MODULE),
             substitutions=substitutions_for(self.prepared.models, speculative=replica.speculative),
+            ha=self.ha.topology if self.ha is not None else None,
         )
         store_config_path.write_text(json.dumps(dict(launch.store_config), indent=2) + "\n")
         env = replica_env(self.inherited_env, launch, self.prepared.builds[replica.engine])

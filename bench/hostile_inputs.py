@@ -1,0 +1,87 @@
+"""What hostile input costs the product: time and peak Python memory (tracemalloc) to refuse it.
+
+- a gzip bomb served as a metrics page (decoded size 256 MiB, ~250 KiB on the wire), read with the
+  default 16 MiB metrics cap;
+- the billion-laughs YAML alias bomb (~350 bytes) through the product's one YAML loader;
+- the canary's duplicate-replica check over 60,000 URLs (the models now bound spec.replicas at 64).
+
+    .venv/bin/python bench/hostile_inputs.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.support
+
+import httpx
+from tests.support.hostile_http import gzip_bomb, raw_server, response_head
+from tests.unit.test_safe_yaml import BOMB
+
+from mooncake_operator import safe_yaml
+from mooncake_operator.canary import CanaryConfig, CounterScrapeError, scrape_counters
+
+MIB = 2**20
+
+
+async def gzip_bomb_metrics() -> str:
+    body = gzip_bomb(256 * MIB)
+
+    def respond(method: str, path: str) -> Iterator[bytes]:
+        yield response_head(200, {"Content-Encoding": "gzip", "Content-Length": str(len(body))}) + body
+
+    with raw_server(respond) as url:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            tracemalloc.start()
+            started = time.perf_counter()
+            try:
+                await scrape_counters(client, url, timeout=30)
+                outcome = "read (not refused!)"
+            except CounterScrapeError as error:
+                outcome = f"refused ({error.kind.value})"
+            elapsed = time.perf_counter() - started
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+    wire = len(body) // 1024
+    return (
+        f"gzip bomb, {wire} KiB wire / 256 MiB decoded: {outcome} in {elapsed:.3f} s, "
+        f"peak {peak / MIB:.1f} MiB"
+    )
+
+
+def yaml_bomb() -> str:
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        safe_yaml.load(BOMB)
+        outcome = "loaded (not refused!)"
+    except safe_yaml.YamlBombError:
+        outcome = "refused"
+    elapsed = time.perf_counter() - started
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return (
+        f"YAML alias bomb, {len(BOMB)} bytes: {outcome} in {elapsed * 1000:.1f} ms, peak {peak / MIB:.2f} MiB"
+    )
+
+
+def duplicate_check() -> str:
+    urls = [f"http://10.0.{index // 250}.{index % 250}:8000" for index in range(60_000)]
+    started = time.perf_counter()
+    CanaryConfig(replicas=urls)
+    return f"duplicate-replica check, 60,000 URLs: {time.perf_counter() - started:.2f} s"
+
+
+def main() -> None:
+    print(asyncio.run(gzip_bomb_metrics()))
+    print(yaml_bomb())
+    print(duplicate_check())
+
+
+if __name__ == "__main__":
+    main()

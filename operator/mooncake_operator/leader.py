@@ -1,0 +1,186 @@
+"""One operator at a time: leader election on a coordination.k8s.io/v1 Lease.
+
+Two operator processes (a second release, `replicas: 2`, a rollout overlapping the old pod) would
+reconcile and canary the same replicas at once. Before kopf starts, the process takes the Lease (or waits
+for it, idle, retrying every `retry_seconds`); while it runs, it renews the Lease every `renew_seconds`;
+when it cannot renew for `duration_seconds` (another process took over, or the API server is gone) it stops
+the operator and exits non-zero, so it never reconciles without the Lease. A clean stop releases the Lease,
+so a standby takes over within one retry instead of waiting for it to expire.
+
+Writes are conditional on the Lease's resourceVersion (a merge patch carrying it), so two candidates that
+both see an expired Lease cannot both take it: the API server answers the second with 409 Conflict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
+
+logger = logging.getLogger("mooncake_operator.leader")
+
+LEASE_API_VERSION = "coordination.k8s.io/v1"
+LEASE_KIND = "Lease"
+
+
+def default_identity() -> str:
+    """The pod name when the chart sets POD_NAME, else host and pid (unique per process on a host)."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    namespace: str
+    name: str = "mooncake-operator"
+    identity: str = ""
+    duration_seconds: float = 15.0
+    renew_seconds: float = 5.0
+    retry_seconds: float = 2.0
+
+
+class LeadershipLost(Exception):
+    """The Lease could not be renewed in time: another process may be reconciling now."""
+
+
+def _micro_time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def holder_of(lease: dict[str, Any] | None, now: datetime) -> str | None:
+    """Who holds `lease` now; None when nobody does (no Lease, released, or expired)."""
+    spec = (lease or {}).get("spec") or {}
+    holder = spec.get("holderIdentity")
+    renewed = _parse_time(spec.get("renewTime") or spec.get("acquireTime"))
+    duration = spec.get("leaseDurationSeconds")
+    if not holder or renewed is None or not isinstance(duration, int | float):
+        return None
+    return str(holder) if renewed + timedelta(seconds=float(duration)) > now else None
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        kube: KubeClient,
+        settings: LeaseSettings,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.identity = settings.identity or default_identity()
+        self.clock = clock
+
+    async def try_acquire(self) -> tuple[bool, str | None]:
+        """(True, us) when we hold the Lease now (taken or renewed); else (False, the holder)."""
+        s = self.settings
+        now = self.clock()
+        lease = await self.kube.get_or_none(LEASE_API_VERSION, LEASE_KIND, s.name, s.namespace)
+        holder = holder_of(lease, now)
+        if holder is not None and holder != self.identity:
+            return False, holder
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": round(s.duration_seconds),
+            "renewTime": _micro_time(now),
+        }
+        try:
+            if lease is None:
+                spec["acquireTime"] = _micro_time(now)
+                spec["leaseTransitions"] = 0
+                body = {
+                    "apiVersion": LEASE_API_VERSION,
+                    "kind": LEASE_KIND,
+                    "metadata": {"name": s.name, "namespace": s.namespace},
+                    "spec": spec,
+                }
+                await self.kube.create(body)
+            else:
+                if holder != self.identity:
+                    spec["acquireTime"] = _micro_time(now)
+                    spec["leaseTransitions"] = int((lease.get("spec") or {}).get("leaseTransitions") or 0) + 1
+                # The resourceVersion makes the patch conditional: a concurrent writer gets 409.
+                patch = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]}, "spec": spec}
+                await self.kube.patch_merge(LEASE_API_VERSION, LEASE_KIND, s.name, patch, s.namespace)
+        except KubeApiError as error:
+            if error.status == 409:  # someone else wrote first
+                return False, None
+            raise
+        return True, self.identity
+
+    async def acquire(self) -> None:
+        """Wait, idle, until this process holds the Lease."""
+        s = self.settings
+        announced: str | None = None
+        while True:
+            try:
+                acquired, holder = await self.try_acquire()
+            except KubeError as error:
+                logger.warning("lease %s/%s: %s; retrying", s.namespace, s.name, error)
+                acquired, holder = False, None
+            if acquired:
+                logger.info("lease %s/%s acquired by %s: reconciling", s.namespace, s.name, self.identity)
+                return
+            if holder is not None and holder != announced:
+                logger.info(
+                    "standby: lease %s/%s is held by %s; %s waits and reconciles nothing",
+                    s.namespace,
+                    s.name,
+                    holder,
+                    self.identity,
+                )
+                announced = holder
+            await asyncio.sleep(s.retry_seconds)
+
+    async def keep(self) -> None:
+        """Renew until cancelled; raises LeadershipLost when a renewal has not succeeded in time."""
+        s = self.settings
+        last_renewed = self.clock()
+        while True:
+            await asyncio.sleep(s.renew_seconds)
+            try:
+                renewed, holder = await self.try_acquire()
+            except KubeError as error:
+                logger.warning("lease %s/%s: renewal failed: %s", s.namespace, s.name, error)
+                renewed, holder = False, None
+            now = self.clock()
+            if renewed:
+                last_renewed = now
+            elif holder is not None:
+                raise LeadershipLost(f"lease {s.namespace}/{s.name} is now held by {holder}")
+            # Stop before the Lease can expire for others: they may take it once it has.
+            elif (now - last_renewed).total_seconds() >= s.duration_seconds - s.renew_seconds:
+                raise LeadershipLost(f"lease {s.namespace}/{s.name} not renewed for {s.duration_seconds:g} s")
+
+    async def release(self) -> None:
+        """Give the Lease up (if still ours) so a standby takes over at once; errors are only logged."""
+        s = self.settings
+        try:
+            lease = await self.kube.get_or_none(LEASE_API_VERSION, LEASE_KIND, s.name, s.namespace)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            patch = {
+                "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+                "spec": {"holderIdentity": None, "renewTime": None, "acquireTime": None},
+            }
+            await self.kube.patch_merge(LEASE_API_VERSION, LEASE_KIND, s.name, patch, s.namespace)
+            logger.info("lease %s/%s released by %s", s.namespace, s.name, self.identity)
+        except KubeError as error:
+            logger.warning(
+                "lease %s/%s: release failed (it expires by itself): %s", s.namespace, s.name, error
+            )

@@ -1,0 +1,199 @@
+"""The failover proof: kill the leading master while the store holds a prefix, then prove the store again.
+
+1. A "pre-failover" prefix: the canary's request with a salt of its own goes to the first replica (cold);
+   its store `save_put` keys must rise, i.e. the store holds the prefix. The second replica has never
+   seen that salt.
+2. The leading master is killed (SIGKILL), and the sandbox waits until a standby leads and serves
+   (Mooncake's own /health says so).
+3. Fresh pairs (writer -> reader, a new salt each) are tried until one passes as a canary pair: the
+   failover time is "leader killed -> a warm load succeeds again" (`warm_load_after_s`).
+4. The pre-failover prefix is then sent to the second replica (its counters read just before, so only
+   this request counts), and the pair (cold answer from before the
+   failover, warm answer from after it) is judged by the canary's own rules: with the oplog it must
+   pass (warm == cold, external hit as expected); without it the new leader knows nothing of it and the
+   pair shows no external hit: the prefix is lost (Inconclusive, stated, never hidden).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import httpx
+
+from mooncake_operator.canary import (
+    CanaryConfig,
+    PairResult,
+    StoreCounters,
+    Verdict,
+    chat,
+    judge_pair,
+    scrape_counters,
+)
+from mooncake_operator.canary.client import CounterScrapeError
+from mooncake_operator.canary.runner import PairMeasurement
+from mooncake_operator.sandbox.errors import SandboxError, SandboxSetupError
+from mooncake_operator.sandbox.runtime import Sandbox
+
+SAVE_PUT = "save_put"
+WARM_LOAD_TIMEOUT_S = 300.0
+
+
+class FailoverError(SandboxError):
+    """The failover could not be exercised (e.g. the writer's store never held the prefix)."""
+
+
+@dataclass(frozen=True)
+class FailoverReport:
+    killed: str
+    killed_address: str
+    new_leader: str
+    new_leader_address: str
+    new_leader_after_s: float  # leader killed -> a standby leads and serves (its /health)
+    warm_load_after_s: float  # leader killed -> a fresh pair passes (the failover time)
+    fresh_pair_attempts: int
+    enable_oplog: bool
+    preserved: PairResult  # the prefix stored before the failover, loaded after it
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.preserved.verdict
+
+    def summary(self) -> str:
+        kept = self.preserved
+        if kept.verdict is Verdict.PASSED:
+            what = (
+                f"the prefix stored before the failover loaded after it ({kept.external_hit_tokens} tokens "
+                "from the store) and the warm answer equals the cold one"
+            )
+        elif kept.verdict is Verdict.INCONCLUSIVE:
+            what = f"the prefix stored before the failover was NOT loaded after it: {'; '.join(kept.reasons)}"
+        else:
+            what = f"the prefix stored before the failover gave a wrong answer: {'; '.join(kept.reasons)}"
+        return (
+            f"killed leader {self.killed} ({self.killed_address}); {self.new_leader} "
+            f"({self.new_leader_address}) led after {self.new_leader_after_s:.1f} s; a warm load succeeded "
+            f"again after {self.warm_load_after_s:.1f} s ({self.fresh_pair_attempts} fresh pair(s)); "
+            f"oplog {'on' if self.enable_oplog else 'off'}: {what}"
+        )
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "killed": self.killed,
+            "killed_address": self.killed_address,
+            "new_leader": self.new_leader,
+            "new_leader_address": self.new_leader_address,
+            "new_leader_after_s": round(self.new_leader_after_s, 2),
+            "warm_load_after_s": round(self.warm_load_after_s, 2),
+            "fresh_pair_attempts": self.fresh_pair_attempts,
+            "enable_oplog": self.enable_oplog,
+            "preserved_prefix": self.preserved.model_dump(mode="json"),
+            "summary": self.summary(),
+        }
+
+
+async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: CanaryConfig) -> FailoverReport:
+    """Steps 1-4 above; raises FailoverError/SandboxSetupError when the scenario cannot be exercised."""
+    ha = sandbox.ha
+    if ha is None:
+        raise SandboxSetupError(
+            "the failover proof needs highly available masters (SandboxOptions.ha_masters)"
+        )
+    writer, reader = config.replicas[0], config.replicas[1]
+    timeout = config.request_timeout_s
+    salt = f"sandbox-before-failover-{uuid.uuid4().hex}"
+    writer_before = await _counters(client, writer, config)
+    cold = await chat(client, writer, config.request, cache_salt=salt, timeout=timeout)
+    if not cold.ok:
+        raise FailoverError(f"the pre-failover prefix could not be written: {cold.error or cold.status}")
+    stored = (
+        (await _counters(client, writer, config))
+        .delta(writer_before)
+        .store_keys_by_operation.get(SAVE_PUT, 0)
+    )
+    if stored <= 0:
+        raise FailoverError(
+            f"{writer} answered but its store {SAVE_PUT} keys did not rise: nothing to fail over"
+        )
+
+    leader = await ha.wait_for_leader(client)
+    sandbox.progress.phase(f"the store holds the prefix ({stored} keys); killing the leader {leader.name}")
+    killed_at = time.monotonic()
+    ha.kill(leader)
+    new_leader = await ha.wait_for_leader(client)
+    new_leader_after = time.monotonic() - killed_at
+    sandbox.progress.phase(f"{new_leader.name} leads after {new_leader_after:.1f} s; trying fresh pairs")
+
+    attempts = 0
+    while True:
+        attempts += 1
+        fresh = await _fresh_pair(client, config, attempts)
+        if fresh.verdict is Verdict.PASSED:
+            break
+        sandbox.progress.phase(f"fresh pair {attempts}: {fresh.verdict.value} ({'; '.join(fresh.reasons)})")
+        if fresh.verdict is Verdict.FAILED or time.monotonic() - killed_at > WARM_LOAD_TIMEOUT_S:
+            raise FailoverError(
+                f"no warm load succeeded within {time.monotonic() - killed_at:.0f} s of the failover; "
+                f"last pair {fresh.verdict.value}: {'; '.join(fresh.reasons)}"
+            )
+    warm_load_after = time.monotonic() - killed_at
+
+    # Read now, not before the failover: the fresh pairs' loads must not count for this prefix.
+    reader_before = await _counters(client, reader, config)
+    warm = await chat(client, reader, config.request, cache_salt=salt, timeout=timeout)
+    reader_after = await _counters(client, reader, config) if warm.ok else None
+    evidence = PairMeasurement(
+        index=0,
+        writer=writer,
+        reader=reader,
+        cache_salt=salt,
+        cold=cold,
+        warm=warm,
+        before=reader_before,
+        after=reader_after,
+        metrics_error=None,
+        wall_s=time.monotonic() - killed_at,
+    )
+    return FailoverReport(
+        killed=leader.name,
+        killed_address=leader.address,
+        new_leader=new_leader.name,
+        new_leader_address=new_leader.address,
+        new_leader_after_s=new_leader_after,
+        warm_load_after_s=warm_load_after,
+        fresh_pair_attempts=attempts,
+        enable_oplog=ha.topology.enable_oplog,
+        preserved=judge_pair(evidence, config),
+    )
+
+
+async def _fresh_pair(client: httpx.AsyncClient, config: CanaryConfig, attempt: int) -> PairResult:
+    writer, reader = config.replicas[0], config.replicas[1]
+    salt = f"sandbox-after-failover-{attempt}-{uuid.uuid4().hex}"
+    before = await _counters(client, reader, config)
+    cold = await chat(client, writer, config.request, cache_salt=salt, timeout=config.request_timeout_s)
+    warm = after = None
+    if cold.ok:
+        warm = await chat(client, reader, config.request, cache_salt=salt, timeout=config.request_timeout_s)
+        after = await _counters(client, reader, config)
+    evidence = PairMeasurement(
+        index=attempt,
+        writer=writer,
+        reader=reader,
+        cache_salt=salt,
+        cold=cold,
+        warm=warm,
+        before=before,
+        after=after,
+        metrics_error=None,
+        wall_s=0.0,
+    )
+    return judge_pair(evidence, config)
+
+
+async def _counters(client: httpx.AsyncClient, url: str, config: CanaryConfig) -> StoreCounters:
+    try:
+        return await scrape_counters(client, url, timeout=config.metrics_timeout_s)
+    except CounterScrapeError as error:
+        raise FailoverError(f"cannot read the store counters of {url}: {error}") from error

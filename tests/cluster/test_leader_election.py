@@ -1,0 +1,122 @@
+"""One operator at a time, on a real API server: two `mooncake-operator run` processes share a Lease;
+the second stays idle (reconciles nothing) until the first stops, then takes over."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.cluster.operator_harness import eventually, serving
+from tests.support.apiserver import ControlPlane, free_port
+
+from mooncake_operator import api
+from mooncake_operator.kube import KubeClient
+from mooncake_operator.leader import LEASE_API_VERSION, LEASE_KIND
+
+pytestmark = pytest.mark.cluster
+
+LEASE = "mooncake-operator-test"
+
+
+@contextlib.contextmanager
+def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    argv = [
+        sys.executable,
+        "-m",
+        "mooncake_operator",
+        "run",
+        f"--kubeconfig={kubeconfig}",
+        f"--namespace={namespace}",
+        f"--lease-namespace={namespace}",
+        f"--lease-name={LEASE}",
+        f"--liveness-port={free_port()}",
+        "--liveness-host=127.0.0.1",
+        "--metrics-port=0",
+        "--resync-seconds=1",
+        "--retry-delay-seconds=0.5",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("KUBERNETES_")}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def log_of(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+
+
+async def holder(kube: KubeClient, namespace: str) -> str | None:
+    lease = await kube.get_or_none(LEASE_API_VERSION, LEASE_KIND, LEASE, namespace)
+    return ((lease or {}).get("spec") or {}).get("holderIdentity")
+
+
+async def reconciled(kube: KubeClient, namespace: str, name: str) -> bool:
+    body = await kube.get_or_none(api.API_VERSION, api.KIND, name, namespace)
+    return bool(((body or {}).get("status") or {}).get("phase"))
+
+
+async def test_the_second_operator_stays_idle_until_the_first_stops(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, tmp_path: Path
+) -> None:
+    kubeconfig = kube_cluster.write_kubeconfig(
+        tmp_path / "admin.kubeconfig", kube_cluster.admin_token, "admin"
+    )
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    with operator_process(kubeconfig, namespace, first_log) as first:
+        first_identity = await eventually(lambda: holder(kube, namespace), within=60, what="a Lease holder")
+        assert first_identity.endswith(f"-{first.pid}")
+        with operator_process(kubeconfig, namespace, second_log) as second:
+            await eventually(
+                lambda: _contains(second_log, "standby: lease"), within=60, what="the second one in standby"
+            )
+            # The leader reconciles a new resource; the standby touches nothing.
+            await kube.create(serving(namespace, "one"))
+            await eventually(lambda: reconciled(kube, namespace, "one"), within=60, what="'one' reconciled")
+            await asyncio.sleep(2)  # time for a standby that wrongly reconciles to show it
+            assert await holder(kube, namespace) == first_identity
+            assert f"{namespace}/one" not in log_of(second_log)  # kopf and the reconcile name ns/name
+            assert "acquired" not in log_of(second_log)
+
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(timeout=30) == 0, log_of(first_log)
+            assert "released" in log_of(first_log)
+            second_identity = await eventually(
+                lambda: _new_holder(kube, namespace, first_identity), within=30, what="the second takes over"
+            )
+            assert second_identity.endswith(f"-{second.pid}")
+            await kube.create(serving(namespace, "two"))
+            await eventually(lambda: reconciled(kube, namespace, "two"), within=60, what="'two' reconciled")
+            assert second.poll() is None, log_of(second_log)
+            # Leave nothing with a finalizer behind for another test's cluster-wide operator.
+            for name in ("one", "two"):
+                await kube.delete(api.API_VERSION, api.KIND, name, namespace)
+            await eventually(lambda: _all_gone(kube, namespace), within=60, what="the resources deleted")
+
+
+async def _contains(path: Path, text: str) -> bool:
+    return text in log_of(path)
+
+
+async def _new_holder(kube: KubeClient, namespace: str, old: str) -> str | None:
+    now = await holder(kube, namespace)
+    return now if now and now != old else None
+
+
+async def _all_gone(kube: KubeClient, namespace: str) -> bool:
+    return not await kube.list(api.API_VERSION, api.KIND, namespace)

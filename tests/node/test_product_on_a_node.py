@@ -1,0 +1,170 @@
+"""The product as a user runs it: the chart's operator in its own Pod, the example MooncakeServing's master
+and replicas from the images built here, the canary's verdict, `helm test`, and the failure path.
+
+The tests share one cluster and run in file order: each step builds on the state the previous one
+left (the patched resource is Ready before `helm test` proves it; it is deleted before the buggy one).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import httpx
+from tests.support import cluster, kube_node
+from tests.support.kube_node import kubectl
+
+from mooncake_operator import render
+from mooncake_operator.canary import customer_request
+
+NAME = "minimax-m25"
+VERDICT_TIMEOUT = 1200.0
+
+
+def get_json(*args: str) -> Any:
+    return json.loads(kubectl([*args, "-o", "json"]))
+
+
+def pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(
+        "get", "pods", f"--namespace={namespace}", f"--selector={selector}"
+    )["items"]
+    return items
+
+
+def wait_until(what: str, probe: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out after {timeout:.0f} s: {what}")
+
+
+def test_operator_runs_from_the_chart_under_its_own_service_account(node_cluster: kube_node.Images) -> None:
+    (pod,) = pods(
+        cluster.OPERATOR_NAMESPACE,
+        "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component!=test",
+    )
+    assert pod["status"]["phase"] == "Running"
+    assert pod["spec"]["serviceAccountName"] == cluster.RELEASE
+    assert pod["spec"]["containers"][0]["image"] == node_cluster.operator
+    assert pod["spec"]["containers"][0]["imagePullPolicy"] == "Never"
+    assert all(status["ready"] for status in pod["status"]["containerStatuses"])
+
+
+def test_patched_engine_becomes_ready_with_an_external_hit(node_cluster: kube_node.Images) -> None:
+    kubectl(["apply", "-f", "-"], input=json.dumps(cluster.example_resource(node_cluster.engine_patched)))
+    assert cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT) == "Ready"
+    status = cluster.get_serving(NAME)["status"]
+    assert status["canary"]["verdict"] == "Passed"
+    assert status["canary"]["externalHitTokens"] > 0
+    assert all(pair["externalHitTokens"] > 0 and pair["answersEqual"] for pair in status["canary"]["pairs"])
+
+
+def test_master_and_replicas_run_the_built_images_ready_through_their_probes(
+    node_cluster: kube_node.Images,
+) -> None:
+    workload = pods("default", f"app.kubernetes.io/instance={NAME}")
+    assert len(workload) == 3, [p["metadata"]["name"] for p in workload]
+    for pod in workload:
+        container = pod["spec"]["containers"][0]
+        assert container["image"] == node_cluster.engine_patched
+        assert container.get("readinessProbe"), f"{pod['metadata']['name']} has no readiness probe"
+        ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+        assert ready["Ready"] == "True", pod["metadata"]["name"]
+    replica = next(p for p in workload if "-replica-" in p["metadata"]["name"])
+    # The image's own record of the build-time proof: patched from the pre-fix coordinator, verified.
+    state = kubectl(
+        [
+            "exec",
+            "--namespace=default",
+            replica["metadata"]["name"],
+            "--",
+            "cat",
+            "/etc/mooncake-operator/engine-patch-state",
+        ]
+    )
+    assert state.strip() == "patched"
+
+
+def test_operator_log_has_no_forbidden_calls(node_cluster: kube_node.Images) -> None:
+    (pod,) = pods(
+        cluster.OPERATOR_NAMESPACE,
+        "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component!=test",
+    )
+    log = kubectl(["logs", f"--namespace={cluster.OPERATOR_NAMESPACE}", pod["metadata"]["name"]])
+    denied = [line for line in log.splitlines() if re.search(r"\b403\b|Forbidden|forbidden", line)]
+    assert not denied, "\n".join(denied[:20])
+    assert log.strip(), "the operator logged nothing"
+
+
+def test_helm_test_runs_the_canary_pod_and_it_passes(node_cluster: kube_node.Images) -> None:
+    output = cluster.helm(
+        ["test", cluster.RELEASE, f"--namespace={cluster.OPERATOR_NAMESPACE}", "--timeout=10m", "--logs"]
+    )
+    assert re.search(r"Phase:\s+Succeeded", output), output
+    assert '"verdict": "Passed"' in output or '"verdict":"Passed"' in output, output
+
+
+def test_deleting_the_resource_removes_its_pods(node_cluster: kube_node.Images) -> None:
+    kubectl(["delete", "mcs", NAME, "--namespace=default", "--wait=true", "--timeout=3m"])
+    wait_until(
+        "the resource's pods are gone", lambda: not pods("default", f"app.kubernetes.io/instance={NAME}"), 180
+    )
+
+
+def _request_count(pod_ip: str) -> float:
+    text = httpx.get(f"http://{pod_ip}:8000/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total{")
+    )
+
+
+def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_node.Images) -> None:
+    kubectl(["apply", "-f", "-"], input=json.dumps(cluster.example_resource(node_cluster.engine_buggy)))
+    assert cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT) == "CanaryFailed"
+    status = cluster.get_serving(NAME)["status"]
+    assert status["canary"]["verdict"] == "Failed"
+    replicas = pods("default", f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=vllm")
+    held = [p for p in replicas if p["metadata"]["labels"].get(render.TRAFFIC_LABEL) == "off"]
+    assert held, "no replica was taken out of traffic"
+    endpoints = get_json("get", "endpoints", NAME, "--namespace=default")
+    serving_ips = {a["ip"] for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []}
+    held_ips = {p["status"]["podIP"] for p in held}
+    assert not serving_ips & held_ips, (serving_ips, held_ips)
+    # A request through the client Service: it never reaches a held replica.
+    before = {ip: _request_count(ip) for ip in held_ips}
+    service_ip = get_json("get", "service", NAME, "--namespace=default")["spec"]["clusterIP"]
+    body = {
+        **customer_request(),
+        "model": cluster.example_resource("-")["spec"]["model"]["name"],
+        "max_tokens": 4,
+    }
+    try:
+        response = httpx.post(f"http://{service_ip}:8000/v1/chat/completions", json=body, timeout=60)
+        reached = response.status_code
+    except httpx.HTTPError as error:  # every replica held: nothing serves the Service
+        reached = repr(error)
+        assert not serving_ips, f"the Service has endpoints {serving_ips} but the request failed: {error}"
+    after = {ip: _request_count(ip) for ip in held_ips}
+    assert after == before, f"a held replica served the request ({reached}): {before} -> {after}"
+
+
+def test_helm_uninstall_removes_the_operator(node_cluster: kube_node.Images) -> None:
+    kubectl(["delete", "mcs", NAME, "--namespace=default", "--wait=true", "--timeout=3m"])
+    cluster.helm(
+        ["uninstall", cluster.RELEASE, f"--namespace={cluster.OPERATOR_NAMESPACE}", "--wait", "--timeout=3m"]
+    )
+    wait_until(
+        "the operator's pods are gone",
+        lambda: not pods(cluster.OPERATOR_NAMESPACE, "app.kubernetes.io/name=mooncake-operator"),
+        120,
+    )
+    deployments = get_json("get", "deployments", f"--namespace={cluster.OPERATOR_NAMESPACE}")["items"]
+    assert deployments == []

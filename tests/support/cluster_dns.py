@@ -1,0 +1,102 @@
+"""The cluster DNS stand-in of scripts/cluster: Debian's dnsmasq, fed from the API's Services and Endpoints.
+
+CoreDNS is not obtainable from the package registries this project builds from. This feeder is the
+smallest honest replacement: every second it lists Services and Endpoints, writes a hosts file with
+the names the product uses, and sends dnsmasq SIGHUP when the file changed (dnsmasq re-reads it).
+
+    SVC.NS.svc.cluster.local            -> the ClusterIP, or every ready endpoint of a headless Service
+    HOSTNAME.SVC.NS.svc.cluster.local   -> the endpoint with that hostname (StatefulSet pods)
+
+It is not CoreDNS: no SRV records, no PTR records, no wildcard or pod-IP names, answers up to a second
+late. Run inside the cluster's network namespace:
+
+    python -m tests.support.cluster_dns --kubeconfig FILE --hosts FILE --dnsmasq-pid PID
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import ssl
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+DOMAIN = "cluster.local"
+
+
+def hosts_entries(services: list[dict[str, Any]], endpoints: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(ip, name) pairs for the hosts file, sorted so an unchanged cluster gives an unchanged file."""
+    by_key = {(e["metadata"]["namespace"], e["metadata"]["name"]): e for e in endpoints}
+    entries: set[tuple[str, str]] = set()
+    for service in services:
+        namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+        fqdn = f"{name}.{namespace}.svc.{DOMAIN}"
+        cluster_ip = service.get("spec", {}).get("clusterIP")
+        headless = cluster_ip in (None, "", "None")
+        if not headless:
+            entries.add((cluster_ip, fqdn))
+        for subset in by_key.get((namespace, name), {}).get("subsets") or []:
+            for address in subset.get("addresses") or []:
+                if headless:
+                    entries.add((address["ip"], fqdn))
+                if address.get("hostname"):
+                    entries.add((address["ip"], f"{address['hostname']}.{fqdn}"))
+    return sorted(entries)
+
+
+def render_hosts(entries: list[tuple[str, str]]) -> str:
+    return "".join(f"{ip} {name}\n" for ip, name in entries)
+
+
+def _client(kubeconfig: Path) -> httpx.Client:
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster = config["clusters"][0]["cluster"]
+    user = config["users"][0]["user"]
+    return httpx.Client(
+        base_url=cluster["server"],
+        verify=ssl.create_default_context(cafile=cluster["certificate-authority"]),
+        headers={"Authorization": f"Bearer {user['token']}"},
+        timeout=10.0,
+    )
+
+
+def run(kubeconfig: Path, hosts: Path, dnsmasq_pid: int, interval: float) -> None:
+    last = None
+    with _client(kubeconfig) as http:
+        while True:
+            try:
+                services = http.get("/api/v1/services").raise_for_status().json()["items"]
+                endpoints = http.get("/api/v1/endpoints").raise_for_status().json()["items"]
+            except httpx.HTTPError as error:
+                print(f"cluster-dns: listing failed, keeping the last answers: {error}", file=sys.stderr)
+            else:
+                text = render_hosts(hosts_entries(services, endpoints))
+                if text != last:
+                    tmp = hosts.with_suffix(".tmp")
+                    tmp.write_text(text)
+                    tmp.replace(hosts)
+                    os.kill(dnsmasq_pid, signal.SIGHUP)
+                    last = text
+            time.sleep(interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubeconfig", type=Path, required=True)
+    parser.add_argument("--hosts", type=Path, required=True, help="the file dnsmasq reads (--addn-hosts)")
+    parser.add_argument("--dnsmasq-pid", type=int, required=True)
+    parser.add_argument("--interval", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    run(args.kubeconfig, args.hosts, args.dnsmasq_pid, args.interval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
