@@ -1087,6 +1087,26 @@ class CanaryStatus(ApiModel):
     target: CanaryTarget | None = None
 
 
+class PodTraffic(ApiModel):
+    """One replica pod's place in user traffic, and why."""
+
+    name: str
+    uid: str
+    revision: str | None = Field(
+        default=None, description="The pod's controller-revision-hash: the pod template it runs."
+    )
+    serving: bool = Field(description="Whether the client Service routes users to it (label traffic=on).")
+    reason: str = ""
+    proven_by: str | None = Field(
+        default=None, description="Run id of the canary that proved this pod at its revision."
+    )
+
+
+class TrafficStatus(ApiModel):
+    serving: int = Field(default=0, ge=0, description="Replica pods in the client Service.")
+    pods: list[PodTraffic] = Field(default_factory=list)
+
+
 class HighAvailabilityStatus(ApiModel):
     """Which master leads, as the masters themselves report it (/health), and how often it changed."""
 
@@ -1110,7 +1130,10 @@ class MooncakeServingStatus(ApiModel):
         default=None, description="Spec revision rolled back after a failure."
     )
     out_of_traffic: list[str] = Field(
-        default_factory=list, description="Replica pods out of the client Service."
+        default_factory=list, description="Replica pods held out of the client Service by a failed canary."
+    )
+    traffic: TrafficStatus | None = Field(
+        default=None, description="Which replica pods serve users, and why (off until a canary proves them)."
     )
     high_availability: HighAvailabilityStatus | None = Field(
         default=None, description="The masters' leader (store.master.highAvailability only)."

@@ -49,6 +49,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "External prefix-cache hit tokens of the last canary run",
         "jsonPath": ".status.canary.externalHitTokens",
     },
+    {
+        "name": "Serving",
+        "type": "integer",
+        "description": "Replica pods in the client Service (proven by a canary at their revision)",
+        "jsonPath": ".status.traffic.serving",
+    },
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

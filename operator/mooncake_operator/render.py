@@ -55,9 +55,10 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 
-# The client Service selects only replica pods carrying TRAFFIC_LABEL=TRAFFIC_ON. Pods start with it; the
-# operator sets it to TRAFFIC_OFF on a pod to take a replica out of user traffic (canary failure, Hold)
-# without touching the pod template, so no rollout is triggered.
+# The client Service selects only replica pods carrying TRAFFIC_LABEL=TRAFFIC_ON. Pods start with
+# TRAFFIC_OFF (an unproven replica must not answer users); the operator sets TRAFFIC_ON on a pod once a
+# canary proved it, and back to OFF on a replica a failed canary blames, without touching the pod
+# template, so no rollout is triggered.
 TRAFFIC_LABEL = f"{api.GROUP}/traffic"
 TRAFFIC_ON = "on"
 TRAFFIC_OFF = "off"
@@ -462,7 +463,7 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
         store_config_path=DEFAULT_STORE_CONFIG_PATH,
         ha=ha_topology(resource),
     )
-    pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_ON}
+    pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_OFF}
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
         "image": spec.engine.image,

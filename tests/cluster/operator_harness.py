@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import httpx
 from kopf.testing import KopfRunner
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
@@ -81,11 +82,15 @@ def is_ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def pod_status(pod: dict[str, Any], *, ready: bool, restarts: int = 0) -> dict[str, Any]:
+def pod_status(
+    pod: dict[str, Any], *, ready: bool, restarts: int = 0, ip: str | None = None
+) -> dict[str, Any]:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     flag = "True" if ready else "False"
     containers = (pod.get("spec") or {}).get("containers") or []
+    addresses = {"podIP": ip, "podIPs": [{"ip": ip}]} if ip else {}
     return {
+        **addresses,
         "phase": "Running",
         "conditions": [
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
@@ -115,6 +120,11 @@ class FakeKubelet:
     With `modes_by_image`, it also makes fake replica i behave as the image of pod NAME-replica-<i>
     says (e.g. a buggy engine image corrupts warm answers), so a rollout or a rollback changes what the
     canary sees exactly when the pods change.
+
+    With `node`, it binds each pod to that (absent) node and gives it an IP from the documentation range
+    192.0.2.0/24 (never routed; nothing is sent there), so the endpoints controller lists it: a Service's
+    Endpoints then show which pods it routes to. A bound pod's deletion waits for its kubelet, so it also
+    finishes deleting pods (grace period 0), as a kubelet does once the containers stopped.
     """
 
     kube: KubeClient
@@ -124,7 +134,10 @@ class FakeKubelet:
     modes_by_image: dict[str, Mode] = field(default_factory=dict)
     resource: str = "demo"
     period_s: float = 0.1
+    node: str | None = None
     _task: asyncio.Task[None] | None = None
+    _node_api: httpx.AsyncClient | None = None
+    _ips: int = 0
 
     def _follow_image(self, pod: dict[str, Any]) -> None:
         prefix = f"{self.resource}-replica-"
@@ -138,17 +151,52 @@ class FakeKubelet:
 
     async def mark(self, pod: dict[str, Any], *, ready: bool, restarts: int = 0) -> None:
         name = pod["metadata"]["name"]
+        ip = (pod.get("status") or {}).get("podIP")
+        if self.node is not None and ip is None:
+            self._ips += 1
+            ip = f"192.0.2.{self._ips % 250 + 1}"
         await self.kube.patch_status(
-            "v1", "Pod", name, pod_status(pod, ready=ready, restarts=restarts), self.namespace
+            "v1", "Pod", name, pod_status(pod, ready=ready, restarts=restarts, ip=ip), self.namespace
+        )
+
+    async def _bind(self, pod: dict[str, Any]) -> None:
+        """What the scheduler does: POST the pod's `binding` subresource."""
+        if self._node_api is None or (pod.get("spec") or {}).get("nodeName"):
+            return
+        name = pod["metadata"]["name"]
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": self.namespace, "uid": pod["metadata"]["uid"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.node},
+        }
+        response = await self._node_api.post(
+            f"/api/v1/namespaces/{self.namespace}/pods/{name}/binding", json=binding
+        )
+        if response.status_code not in (200, 201, 404, 409):
+            raise AssertionError(f"binding {name}: HTTP {response.status_code} {response.text}")
+
+    async def _finish_deletion(self, pod: dict[str, Any]) -> None:
+        """What the kubelet does once a bound pod's containers stopped: delete it for good."""
+        if self._node_api is None or not (pod.get("spec") or {}).get("nodeName"):
+            return
+        name = pod["metadata"]["name"]
+        options = {"gracePeriodSeconds": 0, "preconditions": {"uid": pod["metadata"]["uid"]}}
+        await self._node_api.request(
+            "DELETE", f"/api/v1/namespaces/{self.namespace}/pods/{name}", json=options
         )
 
     async def step(self) -> None:
         for pod in await self.kube.list("v1", "Pod", self.namespace):
-            if pod["metadata"].get("deletionTimestamp") or pod["metadata"]["name"] in self.hold:
+            if pod["metadata"].get("deletionTimestamp"):
+                await self._finish_deletion(pod)
+                continue
+            if pod["metadata"]["name"] in self.hold:
                 continue
             self._follow_image(pod)
             if not is_ready(pod):
                 with contextlib.suppress(KubeApiError):  # the pod was replaced meanwhile
+                    await self._bind(pod)
                     await self.mark(pod, ready=True)
 
     async def _loop(self) -> None:
@@ -163,6 +211,14 @@ class FakeKubelet:
         await self.mark(pod, ready=True, restarts=restarts + 1)
 
     async def __aenter__(self) -> FakeKubelet:
+        if self.node is not None:
+            config = self.kube.config
+            self._node_api = httpx.AsyncClient(
+                base_url=config.server,
+                verify=config.ssl_context(),
+                headers={"Authorization": f"Bearer {config.current_token()}"},
+                trust_env=False,
+            )
         self._task = asyncio.create_task(self._loop())
         return self
 
@@ -171,6 +227,8 @@ class FakeKubelet:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._node_api is not None:
+            await self._node_api.aclose()
 
 
 def operator_settings(plane: ControlPlane, namespace: str, **changes: Any) -> OperatorSettings:

@@ -31,7 +31,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from tests.cluster.operator_harness import FakeKubelet, serving
+from tests.cluster.operator_harness import FakeKubelet, eventually, serving
 from tests.support.apiserver import ControlPlane, free_port
 from tests.support.chart import CHART_DIR, Manifest, only, parse_manifests, run_helm
 from tests.support.fake_vllm import FakeCluster, Mode
@@ -317,7 +317,12 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
                 ready = await phase_reached(kube, namespace, "Ready", log_path)
                 assert ready["status"]["canary"]["verdict"] == "Passed"
                 assert ready["status"]["outOfTraffic"] == []
-                assert await traffic_label(kube, namespace, replica) == render.TRAFFIC_ON
+
+                async def back_in_traffic() -> bool:
+                    # The label follows the status write (a failed write never changes a label).
+                    return await traffic_label(kube, namespace, replica) == render.TRAFFIC_ON
+
+                await eventually(back_in_traffic, what=f"{replica} labelled traffic=on")
                 assert await kube.get_or_none("v1", "ConfigMap", config_map_name(SERVING), namespace)
 
             # Deleting needs the operator too: it removes its finalizer (the garbage collector, the children).

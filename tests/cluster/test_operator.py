@@ -140,7 +140,7 @@ def selected_by(service: dict[str, Any], pods: list[dict[str, Any]]) -> list[str
     ]
 
 
-async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until_a_canary_passes(
+async def test_hold_keeps_the_corrupting_replica_out_of_the_client_service_until_a_canary_passes(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
 ) -> None:
     fakes[1].mode = Mode.US_EAST  # replica 1 corrupts answers computed from a loaded prefix
@@ -164,17 +164,16 @@ async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until
             assert status["outOfTraffic"] == ["demo-replica-1"]
             assert "lastGoodRevision" not in status
 
-            async def held() -> list[dict[str, Any]] | None:
-                pods = await replica_pods(kube, namespace)
-                return (
-                    pods
-                    if traffic_labels(pods) == {"demo-replica-0": "on", "demo-replica-1": "off"}
-                    else None
-                )
-
-            pods = await eventually(held, what="replica 1 labelled traffic=off")
+            # Nothing was proven by the failed run: neither replica serves users (both start off), and
+            # the blamed one is held until a canary passes.
+            pods = await replica_pods(kube, namespace)
+            assert traffic_labels(pods) == {"demo-replica-0": "off", "demo-replica-1": "off"}
+            assert status["traffic"]["serving"] == 0
+            reasons = {entry["name"]: entry["reason"] for entry in status["traffic"]["pods"]}
+            assert reasons["demo-replica-0"].startswith("not proven: canary run")
+            assert reasons["demo-replica-1"].startswith("held: a failed canary blamed this replica")
             client = await kube.get("v1", "Service", "demo", namespace)
-            assert selected_by(client, pods) == ["demo-replica-0"]
+            assert selected_by(client, pods) == []
             headless = await kube.get("v1", "Service", "demo-replicas", namespace)
             assert selected_by(headless, pods) == ["demo-replica-0", "demo-replica-1"]
             warnings = [e for e in await events(kube, namespace) if e["type"] == "Warning"]
@@ -185,6 +184,7 @@ async def test_hold_takes_the_corrupting_replica_out_of_the_client_service_until
             await annotate(kube, namespace, RERUN_CANARY_ANNOTATION, "after-fix")
             recovered = await wait_for_phase(kube, namespace, "Ready")
             assert recovered["status"]["outOfTraffic"] == []
+            assert recovered["status"]["traffic"]["serving"] == 2
             assert recovered["status"]["canary"]["target"]["rerun"] == "after-fix"
 
             async def restored() -> bool:
@@ -398,6 +398,8 @@ async def test_a_resync_with_nothing_to_change_writes_nothing_even_across_a_rest
     async with FakeKubelet(kube, namespace):
         with run_operator(settings) as operator:
             await ready_resource(kube, namespace)
+            # The traffic labels follow the status write: wait for them before counting.
+            await eventually(lambda: _all_serving(kube, namespace), what="both replicas in traffic")
             counts = operator.runtime.kube.counts.snapshot()
             reconciles = _reconciles(operator)
             await eventually(lambda: _more_reconciles(operator, reconciles + 3), what="three resyncs")
@@ -422,3 +424,8 @@ def _reconciles(operator: Any) -> float:
 
 async def _more_reconciles(operator: Any, at_least: float) -> bool:
     return _reconciles(operator) >= at_least
+
+
+async def _all_serving(kube: KubeClient, namespace: str) -> bool:
+    labels = traffic_labels(await replica_pods(kube, namespace))
+    return labels == {"demo-replica-0": "on", "demo-replica-1": "on"}

@@ -46,8 +46,11 @@ ADMIN_USER = "harness-admin"
 # ServiceAccount with a token Secret (the ServiceAccount admission plugin requires both
 # before it admits a Pod). The workload controllers create the pods of Deployments and
 # StatefulSets (they stay Pending: no scheduler, no kubelet; tests set their status), so the
-# operator's readiness checks, pod replacement and rolling updates run as in a cluster.
+# operator's readiness checks, pod replacement and rolling updates run as in a cluster. The
+# endpoints controller lists, per Service, the pods it routes to (those with an IP and a node), so a
+# test can read who receives a Service's traffic.
 DEFAULT_CONTROLLERS: tuple[str, ...] = (
+    "endpoint",
     "garbagecollector",
     "namespace",
     "serviceaccount",

@@ -63,6 +63,7 @@ def test_names_versions_subresources_and_columns() -> None:
         "Phase": ".status.phase",
         "Canary": ".status.canary.verdict",
         "ExtHit": ".status.canary.externalHitTokens",
+        "Serving": ".status.traffic.serving",
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Age": ".metadata.creationTimestamp",
     }

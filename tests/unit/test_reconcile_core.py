@@ -1,4 +1,5 @@
-"""The reconcile's edges without a cluster: a resource that is gone, an API server that fails."""
+"""The reconcile's edges without a cluster: a resource that is gone, an API server that fails, the order
+of the status write and the traffic labels."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
+from mooncake_operator import api, render
+from mooncake_operator.api import MooncakeServing
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.metrics import OperatorMetrics
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
+from mooncake_operator.reconcile.children import with_applied_hash
+from mooncake_operator.reconcile.observe import REVISION_LABEL
 
 pytestmark = pytest.mark.unit
 
@@ -58,6 +63,132 @@ async def test_an_api_failure_is_retried_soon_and_counted(closing: list[Runtime]
     assert outcome.retry_after == 3
     assert "etcdserver: timeout" in outcome.message
     assert errors(runtime) == 1
+
+
+class World:
+    """An in-memory API server: objects by path, label-selected lists, and a status subresource that can
+    be made to fail. Requests are recorded as (method, path)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.fail_status = False
+
+    def put(self, path: str, obj: dict[str, Any]) -> None:
+        self.objects[path] = obj
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        path, method = request.url.path, request.method
+        self.requests.append((method, path))
+        if method == "GET" and path in self.objects:
+            return httpx.Response(200, json=self.objects[path])
+        if method == "GET" and not request.url.params.get("labelSelector"):
+            return httpx.Response(404, json={"kind": "Status", "reason": "NotFound", "code": 404})
+        if method == "GET":
+            wanted = dict(item.split("=", 1) for item in request.url.params["labelSelector"].split(","))
+            items = [
+                obj
+                for key, obj in sorted(self.objects.items())
+                if key.startswith(path + "/")
+                and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
+            ]
+            return httpx.Response(200, json={"items": items, "metadata": {}})
+        if method == "PATCH" and path.endswith("/status") and self.fail_status:
+            failure = {"kind": "Status", "reason": "InternalError", "message": "etcd timeout", "code": 500}
+            return httpx.Response(500, json=failure)
+        if method == "PATCH" and "/pods/" in path:
+            labels = json.loads(request.content)["metadata"]["labels"]
+            self.objects[path]["metadata"]["labels"].update(labels)
+            return httpx.Response(200, json=self.objects[path])
+        if method in ("PATCH", "POST"):
+            return httpx.Response(200, json=json.loads(request.content))
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+def held_world() -> tuple[World, MooncakeServing]:
+    """A resource whose failed canary held replica 1 out of traffic; then its canary was turned off, which
+    would put replica 1 back in traffic."""
+    spec = {
+        "model": {"name": "tiny"},
+        "engine": {"image": "registry.invalid/vllm:1", "blockSize": 32},
+        "replicas": 2,
+        "store": {"globalSegmentSize": "1GB", "localBufferSize": "512MB"},
+        "canary": {"enabled": False},
+    }
+    meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
+    resource = api.parse_resource(
+        {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec}
+    )
+    world = World()
+    pods = [
+        {"name": "demo-replica-0", "uid": "p0", "serving": True, "reason": "proven", "provenBy": "r1"},
+        {"name": "demo-replica-1", "uid": "p1", "serving": False, "reason": "held", "provenBy": None},
+    ]
+    status = {
+        "phase": "CanaryFailed",
+        "outOfTraffic": ["demo-replica-1"],
+        "traffic": {"serving": 1, "pods": pods},
+    }
+    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec, "status": status}
+    world.put("/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo", body)
+    for manifest in render.render_all(resource, owner_uid="uid-demo"):
+        child = with_applied_hash(manifest)
+        child["metadata"]["generation"] = 1
+        kind = child["kind"]
+        if kind == "StatefulSet":
+            child["status"] = {"observedGeneration": 1, "updateRevision": "hash-a"}
+        if kind == "Deployment":
+            child["status"] = {"observedGeneration": 1, "updatedReplicas": 1}
+        group = "/apis/apps/v1" if kind in ("StatefulSet", "Deployment") else "/api/v1"
+        plural = {"StatefulSet": "statefulsets", "Deployment": "deployments"}.get(kind, kind.lower() + "s")
+        world.put(f"{group}/namespaces/ns/{plural}/{child['metadata']['name']}", child)
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    master_labels = render.selector(resource, render.COMPONENT_MASTER)
+    world.put(
+        "/api/v1/namespaces/ns/pods/demo-master-x",
+        {"metadata": {"name": "demo-master-x", "uid": "m", "labels": master_labels}, "status": ready},
+    )
+    for ordinal, traffic in ((0, "on"), (1, "off")):
+        labels = {
+            **render.selector(resource, render.COMPONENT_REPLICA),
+            REVISION_LABEL: "hash-a",
+            render.TRAFFIC_LABEL: traffic,
+        }
+        name = f"demo-replica-{ordinal}"
+        world.put(
+            f"/api/v1/namespaces/ns/pods/{name}",
+            {"metadata": {"name": name, "uid": f"p{ordinal}", "labels": labels}, "status": ready},
+        )
+    return world, resource
+
+
+def runtime_of(world: World) -> Runtime:
+    return runtime_answering(world.handle)
+
+
+async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(
+    closing: list[Runtime],
+) -> None:
+    world, _ = held_world()
+    world.fail_status = True
+    runtime = runtime_of(world)
+    closing.append(runtime)
+    outcome = await reconcile(runtime, "ns", "demo")
+    assert outcome.result is ReconcileResult.ERROR and "etcd timeout" in outcome.message
+    assert not [path for method, path in world.requests if method == "PATCH" and "/pods/" in path]
+    label = world.objects["/api/v1/namespaces/ns/pods/demo-replica-1"]["metadata"]["labels"]
+    assert label[render.TRAFFIC_LABEL] == "off"
+
+    # Once the status is written, the label follows it.
+    world.fail_status = False
+    outcome = await reconcile(runtime, "ns", "demo")
+    assert outcome.result is ReconcileResult.READY
+    patches = [path for method, path in world.requests if method == "PATCH"]
+    assert patches[-2:] == [
+        "/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo/status",
+        "/api/v1/namespaces/ns/pods/demo-replica-1",
+    ]
+    assert label[render.TRAFFIC_LABEL] == "on"
 
 
 def _demo_resource() -> dict[str, Any]:

@@ -315,26 +315,30 @@ def test_selectors_match_the_pods_they_are_for() -> None:
 
     assert selects(stateful_set["spec"]["selector"]["matchLabels"], pod_labels)
     assert selects(by_name[("Service", "minimax-m25-replicas")]["spec"]["selector"], pod_labels)
-    assert selects(by_name[("Service", "minimax-m25")]["spec"]["selector"], pod_labels)
+    proven = {**pod_labels, render.TRAFFIC_LABEL: render.TRAFFIC_ON}  # what the operator sets once proven
+    assert selects(by_name[("Service", "minimax-m25")]["spec"]["selector"], proven)
     assert selects(by_name[("Service", "minimax-m25-master")]["spec"]["selector"], master_pod_labels)
     assert not selects(by_name[("Service", "minimax-m25-master")]["spec"]["selector"], pod_labels)
     assert stateful_set["spec"]["serviceName"] == "minimax-m25-replicas"
     assert by_name[("Service", "minimax-m25-replicas")]["spec"]["clusterIP"] == "None"
 
 
-def test_traffic_label_takes_a_pod_out_of_the_client_service_only() -> None:
+def test_replica_pods_start_out_of_the_client_service_and_the_label_alone_decides() -> None:
     resource = customer_deployment()
     pod_labels = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"][
         "labels"
     ]
-    assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_ON
-    off = {**pod_labels, render.TRAFFIC_LABEL: render.TRAFFIC_OFF}
+    assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_OFF  # off until a canary proves the pod
+    off = pod_labels
+    on = {**pod_labels, render.TRAFFIC_LABEL: render.TRAFFIC_ON}
     client = render.client_service(resource, owner_uid=None)["spec"]["selector"]
     headless = render.headless_service(resource, owner_uid=None)["spec"]["selector"]
     stateful_set = render.replica_stateful_set(resource, owner_uid=None)["spec"]["selector"]["matchLabels"]
     assert not all(off.get(k) == v for k, v in client.items())  # out of user traffic
     assert all(off.get(k) == v for k, v in headless.items())  # still reachable by the canary
     assert all(off.get(k) == v for k, v in stateful_set.items())  # still owned by its StatefulSet
+    assert all(on.get(k) == v for k, v in client.items())  # proven: in user traffic
+    assert all(on.get(k) == v for k, v in stateful_set.items())  # the label never changes ownership
 
 
 def with_spec(change: dict[str, Any]) -> MooncakeServing:

@@ -5,6 +5,7 @@ pure where they can be (children diffing, readiness, canary planning, status) an
 """
 
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile.core import Outcome, Runtime, reconcile
+from mooncake_operator.reconcile.core import Runtime, reconcile
+from mooncake_operator.reconcile.plan import Outcome
 
 __all__ = ["Outcome", "ReconcileResult", "Runtime", "reconcile"]

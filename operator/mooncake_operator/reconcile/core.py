@@ -8,11 +8,10 @@ kopf's retry semantics. Reconciles of one resource are serialized by a per-resou
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,22 +19,15 @@ import httpx
 from pydantic import ValidationError
 
 from mooncake_operator import api, render
-from mooncake_operator.api import (
-    CanaryStatus,
-    InvalidResourceError,
-    MooncakeServing,
-    MooncakeServingSpec,
-    MooncakeServingStatus,
-    ReplicaCounts,
-)
+from mooncake_operator.api import InvalidResourceError, MooncakeServing, MooncakeServingStatus
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
-from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
-from mooncake_operator.reconcile import leader, proof, status
+from mooncake_operator.operator_settings import FIELD_MANAGER, OperatorSettings
+from mooncake_operator.reconcile import leader, plan, proof, status
 from mooncake_operator.reconcile.children import (
     ApplyError,
     ImmutableChangeError,
@@ -43,8 +35,9 @@ from mooncake_operator.reconcile.children import (
     scale_down_retired,
 )
 from mooncake_operator.reconcile.observe import Observation, observe
-from mooncake_operator.reconcile.revisions import read_verified_last_good, record_last_good
-from mooncake_operator.reconcile.traffic import sync_traffic
+from mooncake_operator.reconcile.plan import Outcome
+from mooncake_operator.reconcile.revisions import read_verified_last_good, write_last_good
+from mooncake_operator.reconcile.traffic import set_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 
@@ -53,14 +46,6 @@ _STATUS_FIELDS = frozenset(info.alias or name for name, info in MooncakeServingS
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    result: ReconcileResult
-    message: str = ""
-    # Set when the change handler should try again (kopf.TemporaryError); None: done until the next change.
-    retry_after: float | None = None
 
 
 @dataclass
@@ -170,20 +155,9 @@ class _StatusWriter:
         self.current = parse_status(self.wire)
         self.now = runtime.clock()
 
-    async def write(self, verdict: status.Verdict, **fields: Any) -> None:
+    async def write(self, verdict: status.Verdict, new: MooncakeServingStatus) -> None:
+        """Patch what differs from the stored status; `verdict` is what `new` was built from."""
         previous = self.current
-        conditions = merge_conditions(
-            previous.conditions,
-            verdict.conditions,
-            now=proof.format_time(self.now),
-            generation=self.generation,
-        )
-        new = MooncakeServingStatus(
-            phase=verdict.phase,
-            observed_generation=self.generation,
-            conditions=conditions,
-            **fields,
-        )
         new_wire = status.without_empty_strings(new.to_wire())
         patch = status.merge_patch(self.wire, new_wire)
         if patch:
@@ -191,7 +165,7 @@ class _StatusWriter:
                 api.API_VERSION, api.KIND, self.name, patch, self.namespace, field_manager=FIELD_MANAGER
             )
         self.current, self.wire = new, new_wire
-        ready = find(conditions, READY)
+        ready = find(new.conditions, READY)
         self.runtime.metrics.ready.labels(self.namespace, self.name).set(
             1 if ready and ready.status == "True" else 0
         )
@@ -208,23 +182,30 @@ class _StatusWriter:
             self.body, reason=reason, message=message, type=status.event_type(verdict.phase, reason)
         )
 
-    def keep(self) -> dict[str, Any]:
-        """Every field of the current status except phase, observedGeneration and conditions."""
-        return {
-            "replicas": self.current.replicas,
-            "canary": self.current.canary,
-            "last_good_revision": self.current.last_good_revision,
-            "desired_revision": self.current.desired_revision,
-            "serving_revision": self.current.serving_revision,
-            "failed_revision": self.current.failed_revision,
-            "out_of_traffic": list(self.current.out_of_traffic),
-            "high_availability": self.current.high_availability,
-        }
+    async def apply_failed(self, message: str, retry_after: float) -> Outcome:
+        """The API server refused a child: Ready says why; every other field is kept."""
+        verdict = status.apply_failed(message, self.current.phase)
+        conditions = merge_conditions(
+            self.current.conditions,
+            verdict.conditions,
+            now=proof.format_time(self.now),
+            generation=self.generation,
+        )
+        update = {"phase": verdict.phase, "observed_generation": self.generation, "conditions": conditions}
+        await self.write(verdict, self.current.model_copy(update=update))
+        return Outcome(ReconcileResult.ERROR, message, retry_after=retry_after)
 
     async def invalid(self, problems: list[str]) -> Outcome:
-        """Nothing is applied; the status says why, field by field."""
+        """Nothing is applied; the status says why, field by field (every other field is kept)."""
         verdict = status.invalid(problems)
-        await self.write(verdict, **self.keep())
+        conditions = merge_conditions(
+            self.current.conditions,
+            verdict.conditions,
+            now=proof.format_time(self.now),
+            generation=self.generation,
+        )
+        update = {"phase": verdict.phase, "observed_generation": self.generation, "conditions": conditions}
+        await self.write(verdict, self.current.model_copy(update=update))
         return Outcome(ReconcileResult.INVALID, "; ".join(problems))
 
 
@@ -234,7 +215,7 @@ def _ready_message(current: MooncakeServingStatus) -> str | None:
 
 
 class _Pass:
-    """One reconcile of a valid resource."""
+    """One reconcile of a valid resource: reads, applies and writes what `plan` decides."""
 
     def __init__(
         self, runtime: Runtime, body: Mapping[str, Any], resource: MooncakeServing, state: _StatusWriter
@@ -246,50 +227,18 @@ class _Pass:
         self.state = state
         self.uid: str = body["metadata"]["uid"]
         self.namespace = resource.metadata.namespace
-        self.rerun = resource.metadata.annotations.get(RERUN_CANARY_ANNOTATION)
         self.high_availability = state.current.high_availability
-
-    @property
-    def rerun_requested(self) -> bool:
-        last = self.state.current.canary
-        return self.rerun is not None and (
-            last is None or last.target is None or last.target.rerun != self.rerun
+        self.timing = plan.Timing(
+            retry_delay_seconds=self.settings.retry_delay_seconds,
+            inconclusive_retry_seconds=self.settings.inconclusive_retry_seconds,
         )
 
-    async def choose_revision(self) -> tuple[status.Revisions, MooncakeServingSpec]:
-        """The spec's revision, or the last good one while the spec's revision stands rolled back."""
-        spec = self.resource.spec
-        desired = render.spec_hash(spec)
-        current = self.state.current
-        failed = current.failed_revision
-        if failed is not None and (
-            failed != desired or self.rerun_requested or spec.canary.on_failure != "Rollback"
-        ):
-            failed = None  # a new spec, a retry, or Rollback turned off: roll the spec out
-        serving_spec, serving = spec, desired
-        if failed is not None:
-            stored, _ = await read_verified_last_good(self.kube, self.resource, current.last_good_revision)
-            if stored is not None and stored.revision != desired:
-                serving_spec, serving = stored.spec, stored.revision
-            else:
-                failed = None
-        return status.Revisions(desired, serving, failed, current.last_good_revision), serving_spec
-
-    def fields(self, revisions: status.Revisions, observation: Observation, **changes: Any) -> dict[str, Any]:
-        values = {
-            **self.state.keep(),
-            "replicas": ReplicaCounts(desired=observation.replicas.desired, ready=observation.replicas.ready),
-            "desired_revision": revisions.desired,
-            "serving_revision": revisions.serving,
-            "failed_revision": revisions.failed,
-            "last_good_revision": revisions.last_good,
-            "high_availability": self.high_availability,
-        }
-        return {**values, **changes}
-
     async def run(self) -> Outcome:
-        revisions, serving_spec = await self.choose_revision()
-        serving = self.resource.model_copy(update={"spec": serving_spec})
+        last_good, refused = await read_verified_last_good(
+            self.kube, self.resource, self.state.current.last_good_revision
+        )
+        choice = plan.choose_revision(self.resource, self.state.current, last_good)
+        serving = self.resource.model_copy(update={"spec": choice.spec})
         policy = await self.runtime.policy_api_version()
         manifests = render.render_all(serving, owner_uid=self.uid, policy_api_version=policy)
         try:
@@ -298,45 +247,41 @@ class _Pass:
             return await self.state.invalid(error.problems)
         except ApplyError as error:
             logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
-            await self.state.write(
-                status.apply_failed(str(error), self.state.current.phase), **self.state.keep()
-            )
-            return Outcome(ReconcileResult.ERROR, str(error), retry_after=self.settings.retry_delay_seconds)
+            return await self.state.apply_failed(str(error), self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
             # Only a change of the rendered children can retire others (so no reads when idle).
             await scale_down_retired(self.kube, self.namespace, render.retired_workloads(serving))
         observation = await self.observe_leader(serving, await observe(self.kube, serving))
-        held = list(self.state.current.out_of_traffic)
-        await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
-        enabled = self.resource.spec.canary.enabled
-        last = self.state.current.canary
-        if not observation.ready:
-            verdict = status.not_ready(observation, revisions, last, enabled=enabled)
-            await self.state.write(verdict, **self.fields(revisions, observation))
-            return Outcome(
-                ReconcileResult.WAITING,
-                verdict.conditions[READY].message,
-                retry_after=self.settings.retry_delay_seconds,
-            )
-        if not enabled:
-            verdict = self.settled(observation, revisions, last)
-            await self.state.write(verdict, **self.fields(revisions, observation))
-            return Outcome(ReconcileResult.READY, verdict.conditions[READY].message)
-        target = self.target(serving, revisions, observation)
-        why = proof.canary_due(
-            last,
-            target,
+        inputs = plan.Inputs(
+            resource=self.resource,
+            current=self.state.current,
+            choice=choice,
+            observation=observation,
+            last_good=last_good,
             now=self.state.now,
-            interval_seconds=self.resource.spec.canary.interval_seconds,
-            inconclusive_retry_seconds=self.settings.inconclusive_retry_seconds,
+            timing=self.timing,
+            high_availability=self.high_availability,
+            last_good_refused=refused,
         )
-        if why is None:
-            verdict = self.settled(observation, revisions, last)
-            await self.state.write(verdict, **self.fields(revisions, observation))
-            return self.outcome(verdict, last, revisions)
-        return await self.prove(serving, revisions, observation, target, why)
+        decision = plan.plan(inputs)
+        await self.execute(decision)
+        if decision.run_canary is not None:
+            logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, decision.run_canary.why)
+            fresh = await self.run_canary(serving, decision.run_canary.target)
+            logger.info(
+                "%s/%s canary %s: %s",
+                self.namespace,
+                serving.metadata.name,
+                fresh.canary.verdict,
+                fresh.canary.reason,
+            )
+            now = self.runtime.clock()
+            decision = plan.plan(replace(inputs, current=self.state.current, now=now, fresh=fresh))
+            await self.execute(decision)
+        assert decision.outcome is not None  # a plan that follows a run orders no other run
+        return decision.outcome
 
     async def observe_leader(self, serving: MooncakeServing, observation: Observation) -> Observation:
         """Highly available masters: the leader from the masters' own view; an event on a failover."""
@@ -354,45 +299,13 @@ class _Pass:
             )
         return found.observation
 
-    def settled(
-        self, observation: Observation, revisions: status.Revisions, canary: CanaryStatus | None
-    ) -> status.Verdict:
-        return status.settled(
-            observation,
-            revisions,
-            canary,
-            enabled=self.resource.spec.canary.enabled,
-            on_failure=self.resource.spec.canary.on_failure,
-        )
-
-    def outcome(
-        self, verdict: status.Verdict, canary: CanaryStatus | None, revisions: status.Revisions
-    ) -> Outcome:
-        message = verdict.conditions[READY].message
-        if verdict.phase == "Ready":
-            return Outcome(ReconcileResult.READY, message)
-        if revisions.rolled_back:
-            return Outcome(ReconcileResult.ROLLED_BACK, message)
-        if canary is not None and canary.verdict == "Inconclusive":
-            return Outcome(
-                ReconcileResult.CANARY_FAILED, message, retry_after=self.settings.inconclusive_retry_seconds
-            )
-        return Outcome(ReconcileResult.CANARY_FAILED, message)
-
-    def target(
-        self, serving: MooncakeServing, revisions: status.Revisions, observation: Observation
-    ) -> api.CanaryTarget:
-        by_name = {pod.name: pod for pod in observation.replicas.pods}
-        master = observation.master.pod
-        return proof.current_target(
-            revision=revisions.serving,
-            generation=self.resource.metadata.generation,
-            replica_pods=[by_name[name].identity for name in render.replica_pod_names(serving)],
-            master_pod=master.uid if master else None,
-            master_restarts=master.restarts if master else 0,
-            rerun=self.rerun,
-            master_leader=master.name if master and render.ha_enabled(serving) else None,
-        )
+    async def execute(self, decision: plan.Plan) -> None:
+        """Record the last good revision, write the status, then set the traffic labels: a status write
+        that fails leaves every label as it was."""
+        if decision.record_last_good is not None:
+            await write_last_good(self.kube, self.resource, decision.record_last_good, owner_uid=self.uid)
+        await self.state.write(decision.verdict, decision.status)
+        await set_traffic(self.kube, self.namespace, decision.traffic_labels)
 
     def replica_urls(self, serving: MooncakeServing) -> list[str] | str:
         """The canary's URLs, or why there are none to use."""
@@ -406,19 +319,13 @@ class _Pass:
             )
         return list(mapped)
 
-    async def run_canary(
-        self, serving: MooncakeServing, target: api.CanaryTarget
-    ) -> tuple[Verdict, CanaryStatus, list[str]]:
-        """Run it; returns the verdict, the status evidence, and the pods a failure blames."""
+    async def run_canary(self, serving: MooncakeServing, target: api.CanaryTarget) -> plan.CanaryRun:
+        """Run it; returns the status evidence and the pods a failure blames."""
         pod_names = render.replica_pod_names(serving)
         urls = self.replica_urls(serving)
         if isinstance(urls, str):
             now = self.runtime.clock()
-            return (
-                Verdict.INCONCLUSIVE,
-                proof.not_run_status(urls, run_id="not-run", now=now, target=target),
-                [],
-            )
+            return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
         result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
@@ -432,65 +339,4 @@ class _Pass:
                 canary.external_hit_tokens
             )
         blamed = proof.blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
-        return verdict, canary, blamed
-
-    async def prove(
-        self,
-        serving: MooncakeServing,
-        revisions: status.Revisions,
-        observation: Observation,
-        target: api.CanaryTarget,
-        why: str,
-    ) -> Outcome:
-        await self.state.write(
-            status.canary_running(observation, revisions, why), **self.fields(revisions, observation)
-        )
-        logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, why)
-        verdict, canary, blamed = await self.run_canary(serving, target)
-        logger.info(
-            "%s/%s canary %s: %s", self.namespace, serving.metadata.name, verdict.value, canary.reason
-        )
-        if verdict is Verdict.PASSED:
-            if not revisions.rolled_back:
-                await record_last_good(self.kube, self.resource, serving.spec, owner_uid=self.uid)
-            revisions = status.Revisions(
-                revisions.desired, revisions.serving, revisions.failed, revisions.serving
-            )
-            held: list[str] = []
-        else:
-            held = sorted(set(self.state.current.out_of_traffic) | set(blamed))
-        await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
-        if verdict is Verdict.FAILED:
-            can, refused = await self.can_roll_back(revisions)
-            if can:
-                return await self.roll_back(observation, revisions, canary, held)
-            revisions = dataclasses.replace(revisions, rollback_refused=refused)
-        fields = self.fields(revisions, observation, canary=canary, out_of_traffic=held)
-        settled = self.settled(observation, revisions, canary)
-        await self.state.write(settled, **fields)
-        return self.outcome(settled, canary, revisions)
-
-    async def can_roll_back(self, revisions: status.Revisions) -> tuple[bool, str | None]:
-        """Rollback applies to the spec's own revision, when a different, verified last good revision is
-        stored; else why a stored one was refused (or None)."""
-        if self.resource.spec.canary.on_failure != "Rollback" or revisions.serving != revisions.desired:
-            return False, None
-        stored, refused = await read_verified_last_good(self.kube, self.resource, revisions.last_good)
-        return stored is not None and stored.revision != revisions.desired, refused
-
-    async def roll_back(
-        self,
-        observation: Observation,
-        revisions: status.Revisions,
-        canary: CanaryStatus,
-        held: list[str],
-    ) -> Outcome:
-        """Record the failed revision; the next pass renders the last good one (the spec is untouched)."""
-        verdict = status.rolling_back(observation, revisions, canary)
-        fields = self.fields(revisions, observation, canary=canary, out_of_traffic=held)
-        await self.state.write(verdict, **{**fields, "failed_revision": revisions.desired})
-        return Outcome(
-            ReconcileResult.ROLLED_BACK,
-            verdict.conditions[READY].message,
-            retry_after=min(self.settings.retry_delay_seconds, 1.0),
-        )
+        return plan.CanaryRun(canary, tuple(blamed))

@@ -106,12 +106,8 @@ async def read_last_good(kube: KubeClient, resource: MooncakeServing) -> LastGoo
     return parse_last_good(config_map)
 
 
-async def record_last_good(
+async def write_last_good(
     kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
-) -> bool:
-    """Store `spec` as the last good revision unless it already is; True when written."""
-    stored = await read_last_good(kube, resource)
-    if stored is not None and stored.revision == render.spec_hash(spec):
-        return False
+) -> None:
+    """Store `spec` as the last good revision (the planner decides when: it differs from the stored one)."""
     await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=FIELD_MANAGER)
-    return True

@@ -1,0 +1,150 @@
+"""User traffic on a real API server: the client Service's Endpoints (written by the real endpoints
+controller) list a replica pod only after a canary proved it at its revision.
+
+`FakeKubelet(node=...)` binds pods to an absent node and gives them documentation-range IPs so that the
+endpoints controller lists them; Endpoints name each address's pod (`targetRef`), which tells a new pod
+from the one it replaced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.cluster.operator_harness import (
+    FakeKubelet,
+    condition,
+    eventually,
+    get_serving,
+    operator_settings,
+    replica_pods,
+    run_operator,
+    serving,
+    wait_for_phase,
+)
+from tests.support.apiserver import ControlPlane
+from tests.support.fake_vllm import FakeCluster, Mode
+
+from mooncake_operator import api
+from mooncake_operator.kube import KubeClient
+
+NODE = "fake-node"
+NEVER_LOADS = "registry.invalid/vllm-mooncake:never-loads"  # its canary is Inconclusive: no external hit
+FIXED_2 = "registry.invalid/vllm-mooncake:fixed-2"
+
+
+async def client_endpoints(kube: KubeClient, namespace: str) -> set[str]:
+    """`name=uid` of every pod the client Service routes to (ready or not)."""
+    endpoints = await kube.get_or_none("v1", "Endpoints", "demo", namespace)
+    found = set()
+    for subset in (endpoints or {}).get("subsets") or []:
+        for address in [*(subset.get("addresses") or []), *(subset.get("notReadyAddresses") or [])]:
+            ref = address.get("targetRef") or {}
+            found.add(f"{ref.get('name')}={ref.get('uid')}")
+    return found
+
+
+async def pod_identities(kube: KubeClient, namespace: str) -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: f"{p['metadata']['name']}={p['metadata']['uid']}"
+        for p in await replica_pods(kube, namespace)
+    }
+
+
+async def endpoints_become(kube: KubeClient, namespace: str, wanted: set[str], what: str) -> None:
+    async def probe() -> bool:
+        return await client_endpoints(kube, namespace) == wanted
+
+    try:
+        await eventually(probe, within=30, what=what)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; endpoints: {await client_endpoints(kube, namespace)}") from None
+
+
+async def patch_image(kube: KubeClient, namespace: str, image: str) -> None:
+    patch = {"spec": {"engine": {"image": image}}}
+    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+
+
+async def settled_at(kube: KubeClient, namespace: str, generation: int, phase: str) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        body = await get_serving(kube, namespace)
+        status = body.get("status") or {}
+        target = (status.get("canary") or {}).get("target") or {}
+        done = status.get("phase") == phase and target.get("generation") == generation
+        return body if done else None
+
+    return await eventually(probe, within=60, what=f"phase {phase} at generation {generation}")
+
+
+async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclusive_keeps_them_out(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    settings = operator_settings(
+        kube_cluster, namespace, replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)}
+    )
+    modes = {NEVER_LOADS: Mode.NEVER_LOADS}
+    with run_operator(settings):
+        async with FakeKubelet(kube, namespace, fakes=fakes, modes_by_image=modes, node=NODE) as kubelet:
+            await kube.create(serving(namespace))
+            first = await wait_for_phase(kube, namespace, "Ready")
+            assert first["status"]["traffic"]["serving"] == 2
+            proven = await pod_identities(kube, namespace)
+            await endpoints_become(kube, namespace, set(proven.values()), "both proven pods in the endpoints")
+
+            # In place: replica 1 is replaced first and held not Ready; replica 0, proven, keeps serving.
+            kubelet.hold.add("demo-replica-1")
+            await patch_image(kube, namespace, NEVER_LOADS)
+
+            async def replaced() -> dict[str, str] | None:
+                now = await pod_identities(kube, namespace)
+                fresh = now.get("demo-replica-1") not in (None, proven["demo-replica-1"])
+                return now if fresh else None
+
+            mid = await eventually(replaced, what="replica 1 replaced")
+            await endpoints_become(kube, namespace, {proven["demo-replica-0"]}, "only the proven pod")
+            new_uid = mid["demo-replica-1"].split("=")[1]
+
+            async def recorded() -> dict[str, dict[str, Any]] | None:
+                body = await get_serving(kube, namespace)
+                entries = {entry["name"]: entry for entry in body["status"]["traffic"]["pods"]}
+                return entries if entries.get("demo-replica-1", {}).get("uid") == new_uid else None
+
+            entries = await eventually(recorded, what="the status to record the new replica 1")
+            assert entries["demo-replica-0"]["serving"] is True
+            assert entries["demo-replica-0"]["uid"] == proven["demo-replica-0"].split("=")[1]
+            assert entries["demo-replica-1"]["serving"] is False
+            assert entries["demo-replica-1"]["reason"].startswith("new pod at revision")
+
+            # The rollout completes; the new revision's canary is Inconclusive: neither new pod serves.
+            kubelet.hold.clear()
+            inconclusive = await settled_at(kube, namespace, 2, "CanaryFailed")
+            assert condition(inconclusive, "Ready")["reason"] == "CanaryInconclusive"
+            new = await pod_identities(kube, namespace)
+            assert not set(new.values()) & set(proven.values())
+            await endpoints_become(kube, namespace, set(), "no pod of the unproven revision")
+            traffic = inconclusive["status"]["traffic"]
+            assert traffic["serving"] == 0
+            assert all("Inconclusive" in entry["reason"] for entry in traffic["pods"]), traffic
+            # Retried (inconclusive-retry-seconds) and still inconclusive: still out.
+            retried = await eventually(
+                lambda: _another_run(kube, namespace, inconclusive), what="an inconclusive retry"
+            )
+            assert retried["status"]["traffic"]["serving"] == 0
+            assert await client_endpoints(kube, namespace) == set()
+
+            # A revision that passes: its pods join the endpoints once proven.
+            await patch_image(kube, namespace, FIXED_2)
+            passed = await settled_at(kube, namespace, 3, "Ready")
+            final = await pod_identities(kube, namespace)
+            assert set(passed["status"]["canary"]["target"]["replicaPods"]) == set(final.values())
+            await endpoints_become(kube, namespace, set(final.values()), "the proven new pods")
+            assert passed["status"]["traffic"]["serving"] == 2
+
+
+async def _another_run(kube: KubeClient, namespace: str, before: dict[str, Any]) -> dict[str, Any] | None:
+    body = await get_serving(kube, namespace)
+    canary = body["status"].get("canary") or {}
+    done = (
+        canary.get("runId") != before["status"]["canary"]["runId"] and canary.get("verdict") == "Inconclusive"
+    )
+    return body if done and body["status"]["phase"] == "CanaryFailed" else None

@@ -1,0 +1,432 @@
+"""The planner's decisions, table by table: what runs, what the status says, who serves users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from mooncake_operator import api, render
+from mooncake_operator.api import (
+    CanaryStatus,
+    CanaryTarget,
+    MooncakeServing,
+    MooncakeServingStatus,
+    PodTraffic,
+    TrafficStatus,
+)
+from mooncake_operator.conditions import READY, find
+from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.operator_settings import RERUN_CANARY_ANNOTATION
+from mooncake_operator.reconcile import plan
+from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.reconcile.plan import CanaryRun, Inputs, Plan, Timing
+from mooncake_operator.reconcile.revisions import LastGood
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
+TIMING = Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+OLD_IMAGE = "registry.invalid/vllm-mooncake:1"
+NEW_IMAGE = "registry.invalid/vllm-mooncake:2"
+MASTER = PodInfo("demo-master-x", "master-uid", True, False, "m1", 0, None)
+
+
+def resource(
+    image: str = NEW_IMAGE, *, on_failure: str = "Hold", enabled: bool = True, rerun: str | None = None
+) -> MooncakeServing:
+    annotations = {RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
+    return api.parse_resource(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "demo", "namespace": "ns", "generation": 2, "annotations": annotations},
+            "spec": {
+                "model": {"name": "tiny", "revision": "r1"},
+                "engine": {"image": image, "blockSize": 32},
+                "replicas": 2,
+                "store": {"globalSegmentSize": "1GB", "localBufferSize": "512MB"},
+                "canary": {"onFailure": on_failure, "enabled": enabled},
+            },
+        }
+    )
+
+
+OLD = render.spec_hash(resource(OLD_IMAGE).spec)
+NEW = render.spec_hash(resource(NEW_IMAGE).spec)
+LAST_GOOD_OLD = LastGood(OLD, resource(OLD_IMAGE).spec)
+# onFailure is part of the spec, so of its digest.
+OLD_RB = render.spec_hash(resource(OLD_IMAGE, on_failure="Rollback").spec)
+NEW_RB = render.spec_hash(resource(NEW_IMAGE, on_failure="Rollback").spec)
+LAST_GOOD_OLD_RB = LastGood(OLD_RB, resource(OLD_IMAGE, on_failure="Rollback").spec)
+
+
+def pod(
+    ordinal: int, generation: str = "new", *, instance: str = "a", ready: bool = True, traffic: str = "off"
+) -> PodInfo:
+    """Replica pod `ordinal` of a template generation (its controller-revision-hash); `instance` tells apart
+    pods recreated under the same name (their UIDs)."""
+    name = f"demo-replica-{ordinal}"
+    uid = f"uid-{ordinal}-{generation}-{instance}"
+    return PodInfo(name, uid, ready, False, f"hash-{generation}", 0, traffic)
+
+
+def observation(*pods: PodInfo, ready: bool = True) -> Observation:
+    """Rolled out with every replica Ready, or (ready=False) a rollout in progress / a replica lost."""
+    replicas = ReplicaState(2, 2 if ready else 1, ready, "2/2 ready" if ready else "1/2 ready", pods)
+    return Observation(MasterState(True, "master ready", MASTER), replicas)
+
+
+def target(*pods: PodInfo, revision: str = NEW, rerun: str | None = None) -> CanaryTarget:
+    return CanaryTarget(
+        revision=revision,
+        generation=2,
+        replica_pods=[p.identity for p in pods],
+        master_pod=MASTER.uid,
+        master_restarts=0,
+        rerun=rerun,
+    )
+
+
+def run(
+    verdict: str, *pods: PodInfo, revision: str = NEW, run_id: str = "run-2", **extra: Any
+) -> CanaryStatus:
+    finished = (NOW - timedelta(seconds=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return CanaryStatus(
+        run_id=run_id,
+        verdict=verdict,
+        reason="because",
+        finished_at=finished,
+        target=target(*pods, revision=revision, **extra),
+    )
+
+
+def serving_entry(p: PodInfo, run_id: str = "run-1") -> PodTraffic:
+    return PodTraffic(
+        name=p.name, uid=p.uid, revision=p.revision, serving=True, reason="proven", proven_by=run_id
+    )
+
+
+def stored(
+    *serving: PodInfo,
+    canary: CanaryStatus | None = None,
+    last_good: str | None = OLD,
+    failed: str | None = None,
+    held: tuple[str, ...] = (),
+) -> MooncakeServingStatus:
+    entries = [serving_entry(p) for p in serving]
+    return MooncakeServingStatus(
+        phase="Ready",
+        canary=canary,
+        last_good_revision=last_good,
+        failed_revision=failed,
+        out_of_traffic=list(held),
+        traffic=TrafficStatus(serving=len(entries), pods=entries),
+    )
+
+
+@dataclass(frozen=True)
+class Case:
+    resource: MooncakeServing
+    current: MooncakeServingStatus
+    observation: Observation
+    last_good: LastGood | None = LAST_GOOD_OLD
+    fresh: CanaryRun | None = None
+    # expected
+    phase: str = "Ready"
+    reason: str = "Ready"
+    serving: tuple[str, ...] = ()  # pods in traffic afterwards
+    labels: dict[str, str] = field(default_factory=dict)  # label writes
+    runs_canary: bool = False
+    records: bool = False
+    rolls_back: bool = False
+    result: ReconcileResult | None = ReconcileResult.READY
+    retry_after: float | None = None
+
+
+def decide(case: Case) -> Plan:
+    choice = plan.choose_revision(case.resource, case.current, case.last_good)
+    inputs = Inputs(
+        resource=case.resource,
+        current=case.current,
+        choice=choice,
+        observation=case.observation,
+        last_good=case.last_good,
+        now=NOW,
+        timing=TIMING,
+        fresh=case.fresh,
+    )
+    return plan.plan(inputs)
+
+
+P0, P1 = pod(0), pod(1)
+P0_ON, P1_ON = pod(0, traffic="on"), pod(1, traffic="on")
+OLD0, OLD1 = pod(0, "old", traffic="on"), pod(1, "old", traffic="on")
+OLD_PASS = run("Passed", OLD0, OLD1, revision=OLD, run_id="run-1")
+
+CASES = {
+    # A new revision's pods are ready: they start out of traffic and the canary is ordered.
+    "new revision ready: canary ordered, pods stay off": Case(
+        resource(),
+        stored(canary=OLD_PASS),
+        observation(P0, P1),
+        phase="Canary",
+        reason="CanaryRunning",
+        runs_canary=True,
+        result=None,
+    ),
+    # The pass proves both pods at their revision: they get traffic, the spec is recorded as last good.
+    "pass: proven pods get traffic, last good recorded": Case(
+        resource(),
+        stored(canary=OLD_PASS),
+        observation(P0, P1),
+        fresh=CanaryRun(run("Passed", P0, P1)),
+        serving=(P0.name, P1.name),
+        labels={P0.name: "on", P1.name: "on"},
+        records=True,
+    ),
+    "Hold, first rollout fails: nobody was proven, the blamed pod is held": Case(
+        resource(),
+        stored(canary=None, last_good=None),
+        observation(P0, P1),
+        last_good=None,
+        fresh=CanaryRun(run("Failed", P0, P1), blamed=(P1.name,)),
+        phase="CanaryFailed",
+        reason="CanaryFailed",
+        result=ReconcileResult.CANARY_FAILED,
+    ),
+    "Hold, a re-run of a proven revision fails: only the blamed pod leaves traffic": Case(
+        resource(rerun="again"),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON)),
+        observation(P0_ON, P1_ON),
+        fresh=CanaryRun(run("Failed", P0_ON, P1_ON, rerun="again"), blamed=(P1.name,)),
+        phase="CanaryFailed",
+        reason="CanaryFailed",
+        serving=(P0.name,),
+        labels={P1.name: "off"},
+        result=ReconcileResult.CANARY_FAILED,
+    ),
+    "Inconclusive keeps the new revision's pods out and retries later": Case(
+        resource(),
+        stored(canary=OLD_PASS),
+        observation(P0, P1),
+        fresh=CanaryRun(run("Inconclusive", P0, P1)),
+        phase="CanaryFailed",
+        reason="CanaryInconclusive",
+        result=ReconcileResult.CANARY_FAILED,
+        retry_after=TIMING.inconclusive_retry_seconds,
+    ),
+    "Inconclusive re-run of proven pods leaves them serving": Case(
+        resource(rerun="again"),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON)),
+        observation(P0_ON, P1_ON),
+        fresh=CanaryRun(run("Inconclusive", P0_ON, P1_ON, rerun="again")),
+        phase="CanaryFailed",
+        reason="CanaryInconclusive",
+        serving=(P0.name, P1.name),
+        result=ReconcileResult.CANARY_FAILED,
+        retry_after=TIMING.inconclusive_retry_seconds,
+    ),
+    "Rollback: the spec's revision failed, a different good one is stored": Case(
+        resource(on_failure="Rollback"),
+        stored(canary=OLD_PASS),
+        observation(P0, P1),
+        last_good=LAST_GOOD_OLD_RB,
+        fresh=CanaryRun(run("Failed", P0, P1, revision=NEW_RB), blamed=(P1.name,)),
+        phase="Deploying",
+        reason="RollingBack",
+        rolls_back=True,
+        result=ReconcileResult.ROLLED_BACK,
+        retry_after=1.0,
+    ),
+    "Rollback without a last good revision behaves as Hold": Case(
+        resource(on_failure="Rollback"),
+        stored(canary=None, last_good=None),
+        observation(P0, P1),
+        last_good=None,
+        fresh=CanaryRun(run("Failed", P0, P1, revision=NEW_RB), blamed=(P1.name,)),
+        phase="CanaryFailed",
+        reason="CanaryFailed",
+        result=ReconcileResult.CANARY_FAILED,
+    ),
+    # The next pass renders the last good spec (OLD); its fresh pods pass: Degraded, serving, not recorded.
+    "rolled back and proven again: Degraded, serving, nothing recorded": Case(
+        resource(on_failure="Rollback"),
+        stored(canary=run("Failed", P0, P1, revision=NEW_RB), failed=NEW_RB, held=(P1.name,)),
+        observation(P0, P1),
+        last_good=LAST_GOOD_OLD_RB,
+        fresh=CanaryRun(run("Passed", P0, P1, revision=OLD_RB)),
+        phase="Degraded",
+        reason="RolledBack",
+        serving=(P0.name, P1.name),
+        labels={P0.name: "on", P1.name: "on"},
+        result=ReconcileResult.ROLLED_BACK,
+    ),
+    "replica loss: the proven pod left keeps serving, the resource is Degraded": Case(
+        resource(),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON), last_good=NEW),
+        observation(P0_ON, ready=False),
+        last_good=LastGood(NEW, resource().spec),
+        phase="Degraded",
+        reason="ReplicasLost",
+        serving=(P0.name,),
+        result=ReconcileResult.WAITING,
+        retry_after=TIMING.retry_delay_seconds,
+    ),
+    "a replaced pod waits for a canary even at a proven revision": Case(
+        resource(),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON), last_good=NEW),
+        observation(P0_ON, pod(1, instance="b")),
+        last_good=LastGood(NEW, resource().spec),
+        phase="Canary",
+        reason="CanaryRunning",
+        serving=(P0.name,),
+        runs_canary=True,
+        result=None,
+    ),
+    "in-place rollout: the proven revision's pods serve until replaced": Case(
+        resource(),
+        stored(OLD0, OLD1, canary=OLD_PASS),
+        observation(OLD0, P1, ready=False),
+        phase="Deploying",
+        reason="Deploying",
+        serving=(OLD0.name,),
+        result=ReconcileResult.WAITING,
+        retry_after=TIMING.retry_delay_seconds,
+    ),
+    "a pod replaced during the run is not proven by it": Case(
+        resource(),
+        stored(canary=OLD_PASS),
+        observation(P0, pod(1, instance="b")),
+        fresh=CanaryRun(run("Passed", P0, P1)),
+        serving=(P0.name,),
+        labels={P0.name: "on"},
+        records=True,
+    ),
+    "rerun annotation orders a run against proven pods, which keep serving meanwhile": Case(
+        resource(rerun="now"),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON), last_good=NEW),
+        observation(P0_ON, P1_ON),
+        last_good=LastGood(NEW, resource().spec),
+        phase="Canary",
+        reason="CanaryRunning",
+        serving=(P0.name, P1.name),
+        runs_canary=True,
+        result=None,
+    ),
+    "nothing changed: no run, no label write, nothing recorded": Case(
+        resource(),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON), last_good=NEW),
+        observation(P0_ON, P1_ON),
+        last_good=LastGood(NEW, resource().spec),
+        serving=(P0.name, P1.name),
+    ),
+    "a lost last-good record is written again": Case(
+        resource(),
+        stored(P0_ON, P1_ON, canary=run("Passed", P0_ON, P1_ON), last_good=NEW),
+        observation(P0_ON, P1_ON),
+        last_good=None,
+        serving=(P0.name, P1.name),
+        records=True,
+    ),
+    "canary disabled: every pod serves once Ready, nothing is held": Case(
+        resource(enabled=False),
+        stored(canary=None, held=(P1.name,)),
+        observation(P0, P1),
+        serving=(P0.name, P1.name),
+        labels={P0.name: "on", P1.name: "on"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_plan(case: Case) -> None:
+    decided = decide(case)
+    ready = find(decided.status.conditions, READY)
+    assert ready is not None
+    assert (decided.status.phase, ready.reason) == (case.phase, case.reason), ready.message
+    traffic = decided.status.traffic
+    assert traffic is not None
+    assert tuple(p.name for p in traffic.pods if p.serving) == case.serving
+    assert traffic.serving == len(case.serving)
+    assert decided.traffic_labels == case.labels
+    assert (decided.run_canary is not None) == case.runs_canary
+    assert (decided.record_last_good is not None) == case.records
+    assert decided.roll_back == case.rolls_back
+    if case.result is None:
+        assert decided.outcome is None
+    else:
+        assert decided.outcome is not None
+        assert (decided.outcome.result, decided.outcome.retry_after) == (case.result, case.retry_after)
+
+
+def test_every_pod_says_why_it_serves_or_not() -> None:
+    passed = decide(CASES["pass: proven pods get traffic, last good recorded"]).status.traffic
+    assert passed is not None
+    assert [(p.proven_by, p.revision) for p in passed.pods] == [("run-2", "hash-new")] * 2
+    assert passed.pods[0].reason == "proven by canary run run-2 at revision hash-new"
+    held = decide(CASES["Hold, first rollout fails: nobody was proven, the blamed pod is held"]).status
+    assert held.out_of_traffic == [P1.name]
+    assert held.traffic is not None
+    reasons = {p.name: p.reason for p in held.traffic.pods}
+    assert reasons[P0.name] == "not proven: canary run run-2 at revision hash-new was Failed"
+    assert reasons[P1.name].startswith("held: a failed canary blamed this replica")
+    waiting = decide(CASES["new revision ready: canary ordered, pods stay off"]).status.traffic
+    assert waiting is not None
+    assert {p.reason for p in waiting.pods} == {
+        "new pod at revision hash-new: waits for a canary to prove it"
+    }
+
+
+def test_a_pass_releases_held_pods_and_a_replaced_held_pod_stays_held() -> None:
+    current = stored(P0_ON, canary=run("Failed", P0_ON, P1), held=(P1.name,))
+    replaced = decide(Case(resource(rerun="x"), current, observation(P0_ON, pod(1, instance="b")))).status
+    assert replaced.out_of_traffic == [P1.name]
+    fresh = CanaryRun(run("Passed", P0_ON, P1, rerun="x"))
+    released = decide(Case(resource(rerun="x"), current, observation(P0_ON, P1), fresh=fresh)).status
+    assert released.out_of_traffic == []
+    assert released.traffic is not None and released.traffic.serving == 2
+
+
+def test_the_rollback_records_the_failed_revision_and_keeps_the_failed_run() -> None:
+    decided = decide(CASES["Rollback: the spec's revision failed, a different good one is stored"])
+    assert decided.status.failed_revision == NEW_RB
+    assert decided.status.serving_revision == NEW_RB  # the next pass renders the last good one
+    assert decided.status.canary is not None and decided.status.canary.verdict == "Failed"
+    assert decided.status.out_of_traffic == [P1.name]
+    # ... and the next pass chooses the last good spec.
+    choice = plan.choose_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
+    assert (choice.revisions.serving, choice.revisions.failed) == (OLD_RB, NEW_RB)
+    assert choice.spec.engine.image == OLD_IMAGE
+
+
+@pytest.mark.parametrize(
+    ("served", "failed", "last_good", "serving"),
+    [
+        (resource(on_failure="Rollback"), NEW_RB, LAST_GOOD_OLD_RB, OLD_RB),  # stands rolled back
+        (resource(on_failure="Rollback", rerun="retry"), NEW_RB, LAST_GOOD_OLD_RB, NEW_RB),  # a retry
+        (resource(on_failure="Hold"), NEW_RB, LAST_GOOD_OLD_RB, NEW),  # Rollback turned off: the spec
+        (resource(OLD_IMAGE, on_failure="Rollback"), NEW_RB, LAST_GOOD_OLD_RB, OLD_RB),  # a new spec
+        (resource(on_failure="Rollback"), NEW_RB, None, NEW_RB),  # nothing to roll back to
+        (resource(on_failure="Rollback"), None, LAST_GOOD_OLD_RB, NEW_RB),  # nothing failed
+    ],
+)
+def test_choose_revision(
+    served: MooncakeServing, failed: str | None, last_good: LastGood | None, serving: str
+) -> None:
+    current = MooncakeServingStatus(failed_revision=failed, canary=run("Failed", P0, P1, revision=NEW_RB))
+    assert plan.choose_revision(served, current, last_good).revisions.serving == serving
+
+
+def test_a_status_without_a_traffic_record_keeps_the_pods_the_last_pass_proved() -> None:
+    """A status written before traffic was recorded (an operator upgrade): no pod leaves traffic."""
+    current = MooncakeServingStatus(
+        phase="Ready", canary=run("Passed", P0_ON, P1_ON), last_good_revision=NEW, out_of_traffic=[]
+    )
+    decided = decide(
+        Case(resource(), current, observation(P0_ON, P1_ON), last_good=LastGood(NEW, resource().spec))
+    )
+    assert decided.traffic_labels == {}
+    assert decided.status.traffic is not None and decided.status.traffic.serving == 2
