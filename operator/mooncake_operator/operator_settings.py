@@ -45,7 +45,8 @@ class OperatorSettings:
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 9090
     replica_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    resync_seconds: float = 30.0
+    resync_seconds: float = 600.0  # a safety net: changes arrive through the watches
+    max_concurrent_canaries: int = 8
     retry_delay_seconds: float = 10.0
     inconclusive_retry_seconds: float = 60.0
     request_timeout_seconds: float = 30.0
@@ -61,6 +62,8 @@ class OperatorSettings:
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name.replace('_', '-')} must be greater than 0")
+        if self.max_concurrent_canaries < 1:
+            raise SettingsError("max-concurrent-canaries must be at least 1")
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")

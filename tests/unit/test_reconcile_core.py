@@ -8,7 +8,6 @@ import httpx
 import pytest
 
 from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.metrics import OperatorMetrics
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
 
@@ -16,10 +15,18 @@ pytestmark = pytest.mark.unit
 
 
 def runtime_answering(handler: Callable[[httpx.Request], httpx.Response]) -> Runtime:
+    """A runtime whose watches find nothing and whose every other request `handler` answers."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch") == "true":
+            return httpx.Response(200, content=b"")
+        if request.url.params.get("limit"):  # the watch cache's first list
+            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
+        return handler(request)
+
     config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(handler))
-    settings = OperatorSettings(kube=config, retry_delay_seconds=3)
-    return Runtime(settings=settings, kube=kube, http=httpx.AsyncClient(), metrics=OperatorMetrics())
+    kube = KubeClient(config, transport=httpx.MockTransport(answer))
+    return Runtime.start(OperatorSettings(kube=config, retry_delay_seconds=3, metrics_port=0), kube)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import pytest
 
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands.run import settings_from
-from mooncake_operator.handlers import raise_for
 from mooncake_operator.kube import KubeConfig
 from mooncake_operator.operator_settings import (
     FINALIZER,
@@ -20,7 +19,6 @@ from mooncake_operator.operator_settings import (
     load_replica_endpoints,
     parse_replica_endpoints,
 )
-from mooncake_operator.reconcile import Outcome, ReconcileResult
 
 pytestmark = pytest.mark.unit
 
@@ -110,13 +108,3 @@ def test_connection_info_from_a_token_config(tmp_path: Path) -> None:
         str(ca),
         "ns",
     )
-
-
-def test_outcomes_become_kopf_semantics() -> None:
-    raise_for(Outcome(ReconcileResult.READY))
-    raise_for(Outcome(ReconcileResult.CANARY_FAILED, "held"))
-    with pytest.raises(kopf.TemporaryError) as waiting:
-        raise_for(Outcome(ReconcileResult.WAITING, "not ready", retry_after=5))
-    assert waiting.value.delay == 5
-    with pytest.raises(kopf.PermanentError, match="replicas is 1"):
-        raise_for(Outcome(ReconcileResult.INVALID, "spec: replicas is 1"))

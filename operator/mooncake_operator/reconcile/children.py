@@ -2,8 +2,13 @@
 
 A child is written when it is missing, when its `applied-hash` annotation (a digest of the rendered
 manifest) differs from the freshly rendered one (the spec changed, including fields that were removed),
-or when a field the operator sets no longer holds the rendered value (someone edited it: drift). So a
-reconcile with nothing to change reads each child once and writes nothing.
+or when a field the operator sets no longer holds the rendered value (someone edited it: drift). The live
+children come from the watch cache, so a reconcile with nothing to change reads and writes nothing.
+
+Stale-cache safety: what is applied is rendered from the spec alone; the cached child only decides
+*whether* to apply. Server-side apply sets only the fields this manager owns (`force` takes back only
+those), so an apply made from a cache that missed someone's newer edit cannot remove fields the editor
+owns; an edit of a field the operator owns is drift, put back by design.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.reconcile.cache import WatchCache
 
 Manifest = dict[str, Any]
 
@@ -91,15 +97,15 @@ class AppliedChild:
     why: str | None  # None: already as rendered, nothing written
 
 
-async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> list[AppliedChild]:
+async def ensure_children(
+    kube: KubeClient, cache: WatchCache, manifests: Sequence[Manifest]
+) -> list[AppliedChild]:
     """Apply, in order, each child that needs it; returns what happened to each."""
     results = []
     for manifest in manifests:
         desired = with_applied_hash(manifest)
         metadata = desired["metadata"]
-        live = await kube.get_or_none(
-            desired["apiVersion"], desired["kind"], metadata["name"], metadata.get("namespace")
-        )
+        live = cache.get(desired["apiVersion"], desired["kind"], metadata["namespace"], metadata["name"])
         why = needs_apply(desired, live)
         if why is not None:
             await kube.apply(desired, field_manager=FIELD_MANAGER)

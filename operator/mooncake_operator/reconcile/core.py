@@ -1,8 +1,9 @@
 """One reconcile of a MooncakeServing: validate -> render -> apply -> readiness -> canary -> status.
 
-Level-based and kopf-free: the change handlers and the resync timer call `reconcile`, which reads the
-resource fresh, does what the present state asks, and returns an `Outcome` that the handlers turn into
-kopf's retry semantics. Reconciles of one resource are serialized by a per-resource lock.
+Level-based and kopf-free: each resource's worker (`reconcile.worker`) calls `reconcile`, which reads the
+resource, its children and pods from the watch cache (`reconcile.cache`), does what the present state
+asks, and returns an `Outcome` saying when to look again. Reconciles of one resource are serialized by a
+per-resource lock; canaries across resources by `--max-concurrent-canaries`.
 """
 
 from __future__ import annotations
@@ -30,16 +31,20 @@ from mooncake_operator.api import (
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
-from mooncake_operator.kube import KubeClient, KubeError
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
 from mooncake_operator.reconcile import proof, status
+from mooncake_operator.reconcile.cache import Wakes, WatchCache
 from mooncake_operator.reconcile.children import ensure_children
 from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
+
+# A status write refused because the resource changed since it was read: re-read it and try again.
+CONFLICT_ATTEMPTS = 3
 
 _STATUS_FIELDS = frozenset(info.alias or name for name, info in MooncakeServingStatus.model_fields.items())
 
@@ -58,24 +63,46 @@ class Outcome:
 
 @dataclass
 class Runtime:
-    """What every reconcile shares: settings, the API client, the canary's HTTP client, metrics."""
+    """What every reconcile shares: settings, the API client, the watch cache, the canary's HTTP client,
+    metrics, and the workers' wake-up flags."""
 
     settings: OperatorSettings
     kube: KubeClient
+    cache: WatchCache
     http: httpx.AsyncClient
     metrics: OperatorMetrics
+    wakes: Wakes
+    canary_slots: asyncio.Semaphore
     clock: Callable[[], datetime] = utc_now
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, settings: OperatorSettings) -> Runtime:
-        kube = KubeClient(settings.kube_config(), timeout=settings.request_timeout_seconds)
+    def start(cls, settings: OperatorSettings, kube: KubeClient | None = None) -> Runtime:
+        """Creates the clients (or takes `kube`) and starts the watches (in the running event loop)."""
+        kube = kube or KubeClient(settings.kube_config(), timeout=settings.request_timeout_seconds)
+        wakes = Wakes()
+        cache = WatchCache(
+            kube,
+            namespaces=settings.namespaces,
+            on_change=wakes.poke,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+        )
+        kube.on_write = cache.remember  # read-your-writes: the next reconcile sees what this one wrote
+        cache.start()
         # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
         metrics.count_requests(lambda: dict(kube.counts.by_verb))
-        runtime = cls(settings=settings, kube=kube, http=http, metrics=metrics)
+        runtime = cls(
+            settings=settings,
+            kube=kube,
+            cache=cache,
+            http=http,
+            metrics=metrics,
+            wakes=wakes,
+            canary_slots=asyncio.Semaphore(settings.max_concurrent_canaries),
+        )
         if settings.metrics_port:
             runtime.metrics_server = serve(metrics, settings.metrics_host, settings.metrics_port)
         return runtime
@@ -83,6 +110,7 @@ class Runtime:
     async def close(self) -> None:
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        await self.cache.close()
         await self.http.aclose()
         await self.kube.aclose()
 
@@ -96,10 +124,11 @@ class Runtime:
 
 async def reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     """Reconcile one resource (serialized per resource); counts the outcome."""
+    await runtime.cache.wait_synced()
     started = time.perf_counter()
     try:
         async with runtime.lock(namespace, name):
-            outcome = await _reconcile(runtime, namespace, name)
+            outcome = await _reconcile_fresh_on_conflict(runtime, namespace, name)
     except KubeError as error:
         # The API server refused or did not answer: retried soon (kopf's default for errors is a minute).
         logger.warning("%s/%s: %s", namespace, name, error)
@@ -113,9 +142,35 @@ async def reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     return outcome
 
 
-async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
-    # Fresh, not the event's copy: that may predate this operator's own last status write.
+async def _reconcile_fresh_on_conflict(runtime: Runtime, namespace: str, name: str) -> Outcome:
+    """A status write carries the resourceVersion its decisions were made from; when the resource
+    changed since (the cache was behind), the write is refused: read the resource and start over."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        try:
+            return await _reconcile(runtime, namespace, name)
+        except KubeApiError as error:
+            if not error.conflict or attempt == CONFLICT_ATTEMPTS:
+                raise
+            logger.info("%s/%s changed meanwhile (%s); reading it again", namespace, name, error.message)
+            await _read_fresh(runtime, namespace, name)
+    raise AssertionError("unreachable")
+
+
+async def _read_fresh(runtime: Runtime, namespace: str, name: str) -> dict[str, Any] | None:
+    """The resource from the API server, into the cache (only when the cache cannot answer)."""
     body = await runtime.kube.get_or_none(api.API_VERSION, api.KIND, name, namespace)
+    if body is None:
+        runtime.cache.forget(api.API_VERSION, api.KIND, namespace, name)
+    else:
+        runtime.cache.remember(body)
+    return body
+
+
+async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
+    # From the watch cache, which also holds what this operator last wrote (read-your-writes).
+    body = runtime.cache.get(api.API_VERSION, api.KIND, namespace, name)
+    if body is None:  # not seen by the watch yet (just created), or gone
+        body = await _read_fresh(runtime, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return Outcome(ReconcileResult.GONE, "the resource is gone or being deleted")
     state = _StatusWriter(runtime, body)
@@ -150,6 +205,7 @@ class _StatusWriter:
         self.namespace: str = metadata["namespace"]
         self.name: str = metadata["name"]
         self.generation: int | None = metadata.get("generation")
+        self.resource_version: str | None = metadata.get("resourceVersion")
         self.wire = owned_status(body.get("status"))
         self.current = parse_status(self.wire)
         self.now = runtime.clock()
@@ -171,9 +227,17 @@ class _StatusWriter:
         new_wire = status.without_empty_strings(new.to_wire())
         patch = status.merge_patch(self.wire, new_wire)
         if patch:
-            await self.runtime.kube.patch_status(
-                api.API_VERSION, api.KIND, self.name, patch, self.namespace, field_manager=FIELD_MANAGER
+            # Computed against the status this reconcile read: refused (409) if the resource changed since.
+            written = await self.runtime.kube.patch_status(
+                api.API_VERSION,
+                api.KIND,
+                self.name,
+                patch,
+                self.namespace,
+                field_manager=FIELD_MANAGER,
+                resource_version=self.resource_version,
             )
+            self.resource_version = (written.get("metadata") or {}).get("resourceVersion")
         self.current, self.wire = new, new_wire
         ready = find(conditions, READY)
         self.runtime.metrics.ready.labels(self.namespace, self.name).set(
@@ -250,7 +314,7 @@ class _Pass:
             failed = None  # a new spec, a retry, or Rollback turned off: roll the spec out
         serving_spec, serving = spec, desired
         if failed is not None:
-            stored = await read_last_good(self.kube, self.resource)
+            stored = read_last_good(self.runtime.cache, self.resource)
             if stored is not None and stored.revision != desired:
                 serving_spec, serving = stored.spec, stored.revision
             else:
@@ -271,11 +335,13 @@ class _Pass:
     async def run(self) -> Outcome:
         revisions, serving_spec = await self.choose_revision()
         serving = self.resource.model_copy(update={"spec": serving_spec})
-        applied = await ensure_children(self.kube, render.render_all(serving, owner_uid=self.uid))
+        applied = await ensure_children(
+            self.kube, self.runtime.cache, render.render_all(serving, owner_uid=self.uid)
+        )
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
-        observation = await observe(self.kube, serving)
+        observation = observe(self.runtime.cache, serving)
         held = list(self.state.current.out_of_traffic)
         await sync_traffic(self.kube, self.namespace, observation.replicas.pods, held)
         enabled = self.resource.spec.canary.enabled
@@ -370,7 +436,8 @@ class _Pass:
                 proof.not_run_status(urls, run_id="not-run", now=now, target=target),
                 [],
             )
-        result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
+        async with self.runtime.canary_slots:
+            result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )
@@ -403,7 +470,9 @@ class _Pass:
         )
         if verdict is Verdict.PASSED:
             if not revisions.rolled_back:
-                await record_last_good(self.kube, self.resource, serving.spec, owner_uid=self.uid)
+                await record_last_good(
+                    self.kube, self.runtime.cache, self.resource, serving.spec, owner_uid=self.uid
+                )
             revisions = status.Revisions(
                 revisions.desired, revisions.serving, revisions.failed, revisions.serving
             )
@@ -422,7 +491,7 @@ class _Pass:
         """Rollback applies to the spec's own revision, when a different last good revision is stored."""
         if self.resource.spec.canary.on_failure != "Rollback" or revisions.serving != revisions.desired:
             return False
-        stored = await read_last_good(self.kube, self.resource)
+        stored = read_last_good(self.runtime.cache, self.resource)
         return stored is not None and stored.revision != revisions.desired
 
     async def roll_back(

@@ -14,7 +14,7 @@ from typing import Any
 
 from mooncake_operator import render
 from mooncake_operator.api import MooncakeServing
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.reconcile.cache import WatchCache
 
 REVISION_LABEL = "controller-revision-hash"
 
@@ -127,6 +127,7 @@ def replica_state(
         for info in current
         if info is not None and info.ready and not info.terminating and info.revision == update_revision
     ]
+    ready_names = {info.name for info in ready}
     missing = [
         name for name, info in zip(render.replica_pod_names(resource), current, strict=True) if not info
     ]
@@ -140,7 +141,7 @@ def replica_state(
     unready = [
         info.name
         for info in current
-        if info is not None and info.revision == update_revision and info not in ready
+        if info is not None and info.revision == update_revision and info.name not in ready_names
     ]
     if unready:
         problems.append(f"not ready: {', '.join(unready)}")
@@ -152,20 +153,19 @@ def replica_state(
     return ReplicaState(desired, len(ready), not (outdated or extra or missing), message, infos)
 
 
-async def observe(kube: KubeClient, resource: MooncakeServing) -> Observation:
-    """Two GETs and two label-selected LISTs."""
-    names = render.ChildNames.of(resource.metadata.name)
-    namespace = resource.metadata.namespace
-    deployment = await kube.get_or_none("apps/v1", "Deployment", names.master, namespace)
-    stateful_set = await kube.get_or_none("apps/v1", "StatefulSet", names.replicas, namespace)
-    master_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "master"))
-    replica_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "replica"))
+def observe(cache: WatchCache, resource: MooncakeServing) -> Observation:
+    """From the watch cache: the two workloads and the resource's pods, split by component."""
+    name, namespace = resource.metadata.name, resource.metadata.namespace
+    names = render.ChildNames.of(name)
+    deployment = cache.get("apps/v1", "Deployment", namespace, names.master)
+    stateful_set = cache.get("apps/v1", "StatefulSet", namespace, names.replicas)
+    pods = cache.owned("v1", "Pod", namespace, name)
+    master_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_MASTER]
+    replica_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_REPLICA]
     return Observation(
         master_state(deployment, master_pods), replica_state(resource, stateful_set, replica_pods)
     )
 
 
-def _selector(resource: MooncakeServing, which: str) -> str:
-    component = render.COMPONENT_MASTER if which == "master" else render.COMPONENT_REPLICA
-    labels = render.selector(resource, component)
-    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+def _component(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(render.LABEL_COMPONENT)

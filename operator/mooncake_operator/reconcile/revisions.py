@@ -16,6 +16,7 @@ from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing, MooncakeServingSpec
 from mooncake_operator.kube import KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.reconcile.cache import WatchCache
 
 REVISION_ANNOTATION = f"{api.GROUP}/revision"
 SPEC_KEY = "spec.json"
@@ -65,18 +66,23 @@ def parse_last_good(config_map: dict[str, Any] | None) -> LastGood | None:
     return LastGood(render.spec_hash(spec), spec)
 
 
-async def read_last_good(kube: KubeClient, resource: MooncakeServing) -> LastGood | None:
-    config_map = await kube.get_or_none(
-        "v1", "ConfigMap", config_map_name(resource.metadata.name), resource.metadata.namespace
+def read_last_good(cache: WatchCache, resource: MooncakeServing) -> LastGood | None:
+    config_map = cache.get(
+        "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)
     )
     return parse_last_good(config_map)
 
 
 async def record_last_good(
-    kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
+    kube: KubeClient,
+    cache: WatchCache,
+    resource: MooncakeServing,
+    spec: MooncakeServingSpec,
+    *,
+    owner_uid: str,
 ) -> bool:
     """Store `spec` as the last good revision unless it already is; True when written."""
-    stored = await read_last_good(kube, resource)
+    stored = read_last_good(cache, resource)
     if stored is not None and stored.revision == render.spec_hash(spec):
         return False
     await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=FIELD_MANAGER)
