@@ -61,6 +61,10 @@ SHARED_FAKE_CLUSTERS = 16
 STEADY_WINDOW_S = 60.0
 
 
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def admin(plane: ControlPlane) -> KubeConfig:
     return KubeConfig(server=plane.server, token=plane.admin_token, ca_path=plane.ca_path)
 
@@ -327,8 +331,11 @@ class Many:
                 self.results["rss_idle_mib"] = rss_mib(self.operator.pid)
                 async with WatchingKubelet(self.kube, self.namespace, ("react-",)):
                     await self.rollout()
+                    progress(f"rollout: {self.results}")
                     await self.steady_state()
+                    progress("steady state measured")
                     await self.create_latency()
+                    progress("create latency measured")
                     await self.reactions()
                 self.results["rss_end_mib"] = rss_mib(self.operator.pid)
                 self.results["rss_peak_mib"] = rss_mib(self.operator.pid, "VmHWM")
@@ -362,6 +369,10 @@ class Many:
             ready = sum((item.get("status") or {}).get("phase") == "Ready" for item in items)
             if ready == count:
                 ready_at = time.perf_counter() - started
+            progress(
+                f"{ready}/{count} Ready, children applied: {children_at is not None}, "
+                f"rss {rss_mib(self.operator.pid):.0f} MiB"
+            )
             await asyncio.sleep(3.0)
         self.results |= {
             "resources": count,
