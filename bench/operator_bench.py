@@ -31,6 +31,7 @@ import contextlib
 import os
 import re
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -532,7 +533,7 @@ async def main() -> None:
             KubeClient(admin(plane), timeout=60) as kube,
             httpx.AsyncClient(
                 base_url=plane.server,
-                verify=str(plane.ca_path),
+                verify=ssl.create_default_context(cafile=plane.ca_path),
                 headers={"Authorization": f"Bearer {plane.admin_token}"},
             ) as server,
         ):
