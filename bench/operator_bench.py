@@ -164,7 +164,7 @@ async def per_reconcile(
     try:
         await kube.create(serving(namespace))
         await step("create (nothing exists yet)")
-        await step("again, nothing changed (pods Pending)")
+        await step("again (the controllers created the pods meanwhile)")
         async with FakeKubelet(kube, namespace) as kubelet:
             for _ in range(100):
                 await kubelet.step()
@@ -374,7 +374,7 @@ class Many:
                 f"{ready}/{count} Ready, children applied: {children_at is not None}, "
                 f"rss {rss_mib(self.operator.pid):.0f} MiB"
             )
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(5.0)
         self.results |= {
             "resources": count,
             "all_children_s": children_at,

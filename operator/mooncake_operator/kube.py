@@ -416,7 +416,9 @@ class KubeClient:
             base_url=config.server,
             verify=config.ssl_context(),
             auth=_BearerAuth(config),
-            timeout=timeout,
+            # No pool timeout: with many resources reconciling at once, requests queue for one of the
+            # pool's connections (at most 100 in flight to the API server) instead of failing.
+            timeout=httpx.Timeout(timeout, pool=None),
             transport=transport,
             headers={"Accept": "application/json", "User-Agent": "mooncake-operator"},
         )
@@ -547,7 +549,7 @@ class KubeClient:
             params["labelSelector"] = label_selector
         self.counts.by_verb["watch"] += 1
         # The server ends the stream; the client's read timeout only catches a server that went silent.
-        timeout = httpx.Timeout(self.timeout, read=timeout_seconds + WATCH_READ_GRACE_SECONDS)
+        timeout = httpx.Timeout(self.timeout, read=timeout_seconds + WATCH_READ_GRACE_SECONDS, pool=None)
         try:
             async with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.is_error:
