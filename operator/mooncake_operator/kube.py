@@ -10,6 +10,7 @@ file (`KubeConfig.from_kubeconfig()`), or explicit values (`KubeConfig(server=..
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -39,6 +40,7 @@ MERGE_PATCH: Final = "application/merge-patch+json"
 _LIST_PAGE_SIZE: Final = 500
 _EVENT_MESSAGE_LIMIT: Final = 1024
 WATCH_READ_GRACE_SECONDS: Final = 30.0
+MAX_IN_FLIGHT: Final = 32
 
 
 class KubeError(Exception):
@@ -406,18 +408,22 @@ class KubeClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         kinds: Mapping[tuple[str, str], ResourceKind] | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.config = config
         self.counts = RequestCounts()
         self.timeout = timeout
         self.on_write: Callable[[Manifest], None] | None = None
+        # At most this many requests in flight (watches apart): with a thousand resources reconciling at
+        # once, the rest wait here in a FIFO, not in httpx's connection pool, whose queue costs
+        # O(waiting x connections) per finished request (measured: it saturated the operator's CPU).
+        self._in_flight = asyncio.Semaphore(max_in_flight)
         self._kinds = {**KNOWN_KINDS, **(kinds or {})}
         self._http = httpx.AsyncClient(
             base_url=config.server,
             verify=config.ssl_context(),
             auth=_BearerAuth(config),
-            # No pool timeout: with many resources reconciling at once, requests queue for one of the
-            # pool's connections (at most 100 in flight to the API server) instead of failing.
+            # Requests wait for a slot in `_in_flight` (below), so the pool itself never queues.
             timeout=httpx.Timeout(timeout, pool=None),
             transport=transport,
             headers={"Accept": "application/json", "User-Agent": "mooncake-operator"},
@@ -465,7 +471,10 @@ class KubeClient:
         content = None if body is None else json.dumps(body).encode()
         headers = {} if body is None else {"Content-Type": content_type}
         try:
-            response = await self._http.request(method, path, params=query, content=content, headers=headers)
+            async with self._in_flight:
+                response = await self._http.request(
+                    method, path, params=query, content=content, headers=headers
+                )
         except httpx.HTTPError as error:
             raise KubeTransportError(f"{method} {path}: {error!r}") from error
         if response.is_error:
