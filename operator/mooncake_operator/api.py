@@ -139,6 +139,372 @@ class ApiModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+# --- pods on a real cluster: scheduling, metadata, storage, RDMA, network policy (issue 10) -------------
+#
+# Kubernetes' own shapes (field names, enums, nesting), typed so the generated CRD validates them and the
+# renderer passes them through unchanged (`to_wire()` leaves unset fields out). Affinity is deep but not
+# recursive, so it is typed all the way down: the CRD stays structural and the API server checks it.
+
+# Labels and annotations the operator sets on its pods; spec.podMetadata may not touch them.
+OPERATOR_LABEL_KEYS = frozenset(
+    {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+        "app.kubernetes.io/part-of",
+        "app.kubernetes.io/managed-by",
+    }
+)
+OPERATOR_KEY_PREFIX = f"{GROUP}/"  # traffic label, config-hash and applied-hash annotations, ...
+MULTUS_NETWORKS_ANNOTATION = "k8s.v1.cni.cncf.io/networks"
+HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"
+
+# Kubernetes' qualified-name grammar (label and annotation keys) and label-value grammar.
+_NAME_PART = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"
+_DNS_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_QUALIFIED_NAME_RE = re.compile(rf"^({_DNS_SUBDOMAIN}/)?{_NAME_PART}$")
+_LABEL_VALUE_RE = re.compile(rf"^({_NAME_PART})?$")
+
+
+def _check_metadata_key(key: str, field: str) -> None:
+    prefix = key.rsplit("/", 1)[0] if "/" in key else ""
+    if not _QUALIFIED_NAME_RE.match(key) or len(prefix) > 253:
+        raise ValueError(
+            f"{field}: {key!r} is not a valid key (an optional DNS-subdomain prefix and '/', then at most 63 "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+        )
+
+
+class LabelSelectorRequirement(ApiModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: list[str] | None = None
+
+
+class LabelSelector(ApiModel):
+    """metav1.LabelSelector. An empty selector ({}) selects everything."""
+
+    match_labels: dict[str, str] | None = None
+    match_expressions: list[LabelSelectorRequirement] | None = None
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        """Whether pods with `labels` are selected (Kubernetes' semantics)."""
+        if any(labels.get(key) != value for key, value in (self.match_labels or {}).items()):
+            return False
+        for requirement in self.match_expressions or []:
+            present = requirement.key in labels
+            value = labels.get(requirement.key)
+            chosen = requirement.values or []
+            if requirement.operator == "In" and not (present and value in chosen):
+                return False
+            if requirement.operator == "NotIn" and present and value in chosen:
+                return False
+            if requirement.operator == "Exists" and not present:
+                return False
+            if requirement.operator == "DoesNotExist" and present:
+                return False
+        return True
+
+
+class Toleration(ApiModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class NodeSelectorRequirement(ApiModel):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] | None = None
+
+
+class NodeSelectorTerm(ApiModel):
+    match_expressions: list[NodeSelectorRequirement] | None = None
+    match_fields: list[NodeSelectorRequirement] | None = None
+
+
+class NodeSelector(ApiModel):
+    node_selector_terms: list[NodeSelectorTerm]
+
+
+class PreferredSchedulingTerm(ApiModel):
+    weight: int = Field(ge=1, le=100)
+    preference: NodeSelectorTerm
+
+
+class NodeAffinity(ApiModel):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    preferred_during_scheduling_ignored_during_execution: list[PreferredSchedulingTerm] | None = None
+
+
+class PodAffinityTerm(ApiModel):
+    label_selector: LabelSelector | None = None
+    namespaces: list[str] | None = None
+    namespace_selector: LabelSelector | None = None
+    topology_key: str = Field(min_length=1)
+
+
+class WeightedPodAffinityTerm(ApiModel):
+    weight: int = Field(ge=1, le=100)
+    pod_affinity_term: PodAffinityTerm
+
+
+class PodAffinity(ApiModel):
+    """podAffinity and podAntiAffinity share this shape."""
+
+    required_during_scheduling_ignored_during_execution: list[PodAffinityTerm] | None = None
+    preferred_during_scheduling_ignored_during_execution: list[WeightedPodAffinityTerm] | None = None
+
+
+class Affinity(ApiModel):
+    node_affinity: NodeAffinity | None = None
+    pod_affinity: PodAffinity | None = None
+    pod_anti_affinity: PodAffinity | None = None
+
+
+class TopologySpreadConstraint(ApiModel):
+    max_skew: int = Field(ge=1)
+    topology_key: str = Field(min_length=1)
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"]
+    label_selector: LabelSelector | None = None
+    min_domains: int | None = Field(default=None, ge=1)
+
+
+class Scheduling(ApiModel):
+    """Where pods run: passed to the pod spec unchanged."""
+
+    node_selector: dict[str, str] | None = Field(default=None, description="Pod nodeSelector.")
+    tolerations: list[Toleration] | None = Field(default=None, description="Pod tolerations.")
+    affinity: Affinity | None = Field(default=None, description="Pod affinity (Kubernetes' shape).")
+    topology_spread_constraints: list[TopologySpreadConstraint] | None = Field(
+        default=None, description="Pod topologySpreadConstraints."
+    )
+    priority_class_name: str | None = Field(default=None, min_length=1, description="Pod priorityClassName.")
+
+
+class ReplicaScheduling(Scheduling):
+    replica_anti_affinity: Literal["Preferred", "Required", "None"] | None = Field(
+        default=None,
+        description=(
+            "Anti-affinity between this resource's replicas on kubernetes.io/hostname, added to affinity. "
+            "Unset: Preferred (Required with store.rdma.hostNetwork)."
+        ),
+    )
+
+
+class LocalObjectReference(ApiModel):
+    name: str = Field(min_length=1)
+
+
+class PodMetadata(ApiModel):
+    """Extra labels and annotations on the replica and master pods (not on the operator's own keys)."""
+
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+
+    @model_validator(mode="after")
+    def _not_the_operators(self) -> PodMetadata:
+        for kind, entries in (("labels", self.labels), ("annotations", self.annotations)):
+            for key, value in (entries or {}).items():
+                field = f"podMetadata.{kind}"
+                _check_metadata_key(key, field)
+                if key in OPERATOR_LABEL_KEYS or key.startswith(OPERATOR_KEY_PREFIX):
+                    raise ValueError(f"{field}: {key} is set by the operator and cannot be overridden")
+                if kind == "labels" and not _LABEL_VALUE_RE.match(value):
+                    raise ValueError(
+                        f"{field}: the value {value!r} of {key} is not a valid label value (at most 63 "
+                        "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+                    )
+        if self.annotations and MULTUS_NETWORKS_ANNOTATION in self.annotations:
+            raise ValueError(
+                f"podMetadata.annotations: set {MULTUS_NETWORKS_ANNOTATION} through store.rdma.networks, "
+                "which the operator checks against hostNetwork"
+            )
+        return self
+
+
+class CacheClaimTemplate(ApiModel):
+    """One PersistentVolumeClaim per replica (the StatefulSet's volumeClaimTemplates), ReadWriteOnce."""
+
+    size: Quantity = Field(description="Requested storage, e.g. '600Gi'.")
+    storage_class_name: str | None = Field(
+        default=None, min_length=1, description="StorageClass; unset: the cluster's default class."
+    )
+
+    @model_validator(mode="after")
+    def _positive(self) -> CacheClaimTemplate:
+        if parse_quantity(self.size) <= 0:
+            raise ValueError("model.cache.volumeClaimTemplate.size must be greater than zero, e.g. '600Gi'")
+        return self
+
+
+class RdmaSpec(ApiModel):
+    """What an RDMA-capable replica pod needs (store.protocol rdma)."""
+
+    resource_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Extended resource of the RDMA device plugin requested per replica, e.g. rdma/ib, "
+            "rdma/roce_gdr, rdma/hca_shared_devices_a."
+        ),
+    )
+    resource_count: int = Field(default=1, ge=1, description="How many of resourceName per replica.")
+    host_devices: bool = Field(
+        default=False,
+        description=(
+            "Mount the node's /dev/infiniband (hostPath). Opening those devices needs a privileged "
+            "container; prefer resourceName."
+        ),
+    )
+    memlock: Literal["Wrapper", "Runtime"] = Field(
+        default="Wrapper",
+        description=(
+            "Wrapper: run the engine under `ulimit -l unlimited` (adds SYS_RESOURCE); Runtime: rely on the "
+            "container runtime's memlock limit."
+        ),
+    )
+    host_network: bool = Field(
+        default=False, description="Run replicas on the node's network (one replica per node)."
+    )
+    networks: str | None = Field(
+        default=None,
+        min_length=1,
+        description=f"Multus secondary networks: the value of the {MULTUS_NETWORKS_ANNOTATION} annotation.",
+    )
+
+    @model_validator(mode="after")
+    def _a_device(self) -> RdmaSpec:
+        if self.resource_name is None and not self.host_devices:
+            raise ValueError(
+                "store.rdma needs a device: set store.rdma.resourceName (the RDMA device plugin's resource, "
+                "e.g. rdma/ib) or store.rdma.hostDevices: true (/dev/infiniband from the node)"
+            )
+        if self.host_network and self.networks is not None:
+            raise ValueError(
+                "store.rdma.networks (Multus) has no effect with store.rdma.hostNetwork: set one of them"
+            )
+        if self.resource_name is not None and self.resource_name == GPU_RESOURCE:
+            raise ValueError(f"store.rdma.resourceName must not be {GPU_RESOURCE}")
+        return self
+
+
+class IPBlock(ApiModel):
+    cidr: str = Field(min_length=1)
+    except_: list[str] | None = Field(default=None, alias="except")
+
+
+class NetworkPolicyPeer(ApiModel):
+    """networking.k8s.io/v1 NetworkPolicyPeer."""
+
+    pod_selector: LabelSelector | None = None
+    namespace_selector: LabelSelector | None = None
+    ip_block: IPBlock | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> NetworkPolicyPeer:
+        selectors = self.pod_selector is not None or self.namespace_selector is not None
+        if self.ip_block is not None and selectors:
+            raise ValueError("a network peer has either ipBlock or podSelector/namespaceSelector, not both")
+        if self.ip_block is None and not selectors:
+            raise ValueError("a network peer needs podSelector, namespaceSelector or ipBlock")
+        return self
+
+
+class NetworkPolicySpec(ApiModel):
+    enabled: bool = Field(default=True, description="Render the NetworkPolicies of master and replicas.")
+    operator: NetworkPolicyPeer | None = Field(
+        default=None,
+        description=(
+            "Who the operator is (it runs the canary against the replicas' HTTP port). Unset: pods "
+            "labelled app.kubernetes.io/name=mooncake-operator in any namespace."
+        ),
+    )
+    clients: list[NetworkPolicyPeer] | None = Field(
+        default=None, description="Who may call the replicas' HTTP port; unset: anyone."
+    )
+    metrics_scrapers: list[NetworkPolicyPeer] = Field(
+        default_factory=list, description="Who may read the master's metrics port."
+    )
+
+
+class EnvKeySelector(ApiModel):
+    name: str = Field(min_length=1, description="Name of the Secret or ConfigMap.")
+    key: str = Field(min_length=1)
+    optional: bool | None = None
+
+
+class EnvVarSource(ApiModel):
+    secret_key_ref: EnvKeySelector | None = None
+    config_map_key_ref: EnvKeySelector | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        if (self.secret_key_ref is None) == (self.config_map_key_ref is None):
+            raise ValueError("valueFrom needs exactly one of secretKeyRef and configMapKeyRef")
+        return self
+
+
+# --- engine flags as vLLM's parser reads them ---------------------------------------------------------
+
+# Every option string of a managed flag in the pinned vLLM (0.32.0's `vllm serve` parser; aliases such as
+# -tp, -sc and --no-trust-remote-code included) and the field it comes from.
+MANAGED_ENGINE_FLAGS = {
+    "--model": "model.name",
+    "--revision": "model.revision",
+    "--tokenizer-revision": "model.tokenizerRevision",
+    "--trust-remote-code": "model.trustRemoteCode",
+    "--no-trust-remote-code": "model.trustRemoteCode",
+    "--max-model-len": "model.maxModelLen",
+    "--tensor-parallel-size": "engine.tensorParallelSize",
+    "-tp": "engine.tensorParallelSize",
+    "--block-size": "engine.blockSize",
+    "--kv-transfer-config": "store",
+    "--speculative-config": "speculative",
+    "-sc": "speculative",
+    "--host": "(managed by the operator)",
+    "--port": "engine.port",
+    "--served-model-name": "model.name",
+    # A config file can set every flag, managed ones included.
+    "--config": "(a config file could set managed flags; use the typed fields and extraArgs)",
+}
+# vLLM options that are themselves a prefix of a managed option: exact matches win over abbreviations.
+_EXACT_OPTIONS_PREFIXING_MANAGED = frozenset({"--tokenizer"})
+
+
+def engine_flag(arg: str) -> str | None:
+    """The option an extraArgs item names, as vLLM's FlexibleArgumentParser reads it, or None for a value.
+
+    It splits `--flag=value`, turns underscores into dashes between `--` and the first `.`, and treats
+    `--flag.sub.key` (and `-x.sub`) as a part of the JSON option `--flag`.
+    """
+    if not arg.startswith("-") or arg in ("-", "--") or re.match(r"^-[0-9.]", arg):
+        return None
+    head = arg.split("=", 1)[0]
+    if head.startswith("--"):
+        first = head[2:].split(".", 1)[0]
+        return "--" + first.replace("_", "-")
+    return head.split(".", 1)[0]
+
+
+def managed_flag_of(arg: str) -> tuple[str, str] | None:
+    """(managed option, its field) when `arg` sets a managed flag in any spelling vLLM accepts."""
+    flag = engine_flag(arg)
+    if flag is None:
+        return None
+    if flag in MANAGED_ENGINE_FLAGS:
+        return flag, MANAGED_ENGINE_FLAGS[flag]
+    # argparse's allow_abbrev is on in vLLM's parsers: an unambiguous prefix means the whole option.
+    if flag not in _EXACT_OPTIONS_PREFIXING_MANAGED:
+        for option, source in MANAGED_ENGINE_FLAGS.items():
+            same_dashes = option.startswith("--") == flag.startswith("--")
+            if same_dashes and len(flag) >= 2 and option.startswith(flag):
+                return option, source
+    return None
+
+
 # --- spec ----------------------------------------------------------------------------------------------
 
 
@@ -163,15 +529,32 @@ class ModelCache(ApiModel):
     )
     ephemeral_size: Quantity | None = Field(
         default=None,
-        description="Size limit of the per-pod emptyDir cache, e.g. '500Gi'. Only without existingClaim.",
+        description=(
+            "Size limit of the per-pod emptyDir cache, e.g. '500Gi', also requested as ephemeral-storage. "
+            "Only without existingClaim."
+        ),
+    )
+    volume_claim_template: CacheClaimTemplate | None = Field(
+        default=None,
+        description="A ReadWriteOnce PersistentVolumeClaim per replica (recommended for production).",
     )
 
     @model_validator(mode="after")
     def _one_kind(self) -> ModelCache:
-        if self.existing_claim is not None and self.ephemeral_size is not None:
+        chosen = [
+            name
+            for name, value in (
+                ("existingClaim", self.existing_claim),
+                ("ephemeralSize", self.ephemeral_size),
+                ("volumeClaimTemplate", self.volume_claim_template),
+            )
+            if value is not None
+        ]
+        if len(chosen) > 1:
             raise ValueError(
                 "model.cache: set either existingClaim (a PersistentVolumeClaim) or ephemeralSize "
-                "(a per-pod emptyDir), not both"
+                "(a per-pod emptyDir) or volumeClaimTemplate (a claim per replica), not both: "
+                + " and ".join(chosen)
             )
         return self
 
@@ -197,8 +580,17 @@ class ModelSpec(ApiModel):
 
 
 class EnvVar(ApiModel):
+    """A literal value, or a reference to a Secret or ConfigMap key (the value never enters the spec)."""
+
     name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
-    value: str
+    value: str | None = None
+    value_from: EnvVarSource | None = None
+
+    @model_validator(mode="after")
+    def _value_or_reference(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"engine.extraEnv {self.name}: set exactly one of value and valueFrom")
+        return self
 
 
 class ResourceRequirements(ApiModel):
@@ -208,29 +600,13 @@ class ResourceRequirements(ApiModel):
     limits: dict[str, Quantity] = Field(default_factory=dict)
 
 
-# Engine flags that the operator derives from typed fields; setting them again through extraArgs would let
-# replicas, store and canary disagree about what is running.
-MANAGED_ENGINE_FLAGS = {
-    "--model": "model.name",
-    "--revision": "model.revision",
-    "--tokenizer-revision": "model.tokenizerRevision",
-    "--trust-remote-code": "model.trustRemoteCode",
-    "--max-model-len": "model.maxModelLen",
-    "--tensor-parallel-size": "engine.tensorParallelSize",
-    "-tp": "engine.tensorParallelSize",
-    "--block-size": "engine.blockSize",
-    "--kv-transfer-config": "store",
-    "--speculative-config": "speculative",
-    "--host": "(managed by the operator)",
-    "--port": "engine.port",
-    "--served-model-name": "model.name",
-}
 # Environment that the operator sets itself.
 MANAGED_ENV = {
     "PYTHONHASHSEED": "engine.pythonHashSeed",
     "MOONCAKE_CONFIG_PATH": "store",
     "HF_TOKEN": "model.hfTokenSecretRef",
     "HF_HOME": "model.cache",
+    "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "the pod's IP (status.podIP), the store client's address",
 }
 
 
@@ -271,10 +647,12 @@ class EngineSpec(ApiModel):
     @model_validator(mode="after")
     def _no_managed_settings(self) -> EngineSpec:
         for arg in self.extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_ENGINE_FLAGS:
+            managed = managed_flag_of(arg)
+            if managed is not None:
+                option, source = managed
+                spelled = "" if engine_flag(arg) == option else f" (vLLM reads {arg!r} as {option})"
                 raise ValueError(
-                    f"engine.extraArgs must not contain {flag}: it is set from {MANAGED_ENGINE_FLAGS[flag]}"
+                    f"engine.extraArgs must not contain {option}{spelled}: it is set from {source}"
                 )
         for env in self.extra_env:
             if env.name in MANAGED_ENV:
@@ -316,6 +694,7 @@ class MasterSpec(ApiModel):
     resources: ResourceRequirements = Field(default_factory=ResourceRequirements)
     rpc_port: int = Field(default=50051, ge=1, le=65535)
     metrics_port: int = Field(default=9003, ge=1, le=65535)
+    scheduling: Scheduling | None = Field(default=None, description="Where the master pod runs.")
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> MasterSpec:
@@ -339,6 +718,7 @@ class StoreSpec(ApiModel):
     load_async: bool = Field(default=True, description="kv_connector_extra_config.load_async.")
     metadata_server: Literal["P2PHANDSHAKE"] = "P2PHANDSHAKE"
     master: MasterSpec = Field(default_factory=MasterSpec)
+    rdma: RdmaSpec | None = Field(default=None, description="What replica pods need for protocol rdma.")
 
     @model_validator(mode="after")
     def _consistent(self) -> StoreSpec:
@@ -353,6 +733,13 @@ class StoreSpec(ApiModel):
             raise ValueError('store.localBufferSize must be greater than zero, e.g. "4GB"')
         if self.protocol == "rdma" and not self.device_name.strip():
             raise ValueError("store.protocol rdma needs store.deviceName (the RDMA device, e.g. mlx5_0)")
+        if self.protocol == "rdma" and self.rdma is None:
+            raise ValueError(
+                "store.protocol rdma needs store.rdma with a device: store.rdma.resourceName (e.g. rdma/ib) "
+                "or store.rdma.hostDevices: true; without one the pods cannot open the RDMA device"
+            )
+        if self.protocol != "rdma" and self.rdma is not None:
+            raise ValueError(f"store.rdma is set but store.protocol is {self.protocol}: set protocol rdma")
         return self
 
     def segment_bytes(self) -> int:
@@ -416,6 +803,32 @@ class MooncakeServingSpec(ApiModel):
     replicas: int = Field(default=2, ge=1, description="Number of vLLM replicas sharing the store.")
     store: StoreSpec
     canary: CanarySpec = Field(default_factory=CanarySpec)
+    scheduling: ReplicaScheduling | None = Field(default=None, description="Where replica pods run.")
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None, description="Secrets for pulling the engine and master images."
+    )
+    pod_metadata: PodMetadata | None = Field(
+        default=None, description="Extra labels and annotations of replica and master pods."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="NetworkPolicies of master and replicas."
+    )
+
+    @model_validator(mode="after")
+    def _host_network_one_per_node(self) -> MooncakeServingSpec:
+        rdma = self.store.rdma
+        scheduling = self.scheduling
+        if (
+            rdma is not None
+            and rdma.host_network
+            and scheduling is not None
+            and scheduling.replica_anti_affinity in ("Preferred", "None")
+        ):
+            raise ValueError(
+                "scheduling.replicaAntiAffinity must be Required (or unset) with store.rdma.hostNetwork: "
+                "two replicas on one node would bind the same host ports"
+            )
+        return self
 
     @model_validator(mode="after")
     def _canary_needs_pairs(self) -> MooncakeServingSpec:
@@ -539,6 +952,36 @@ class MooncakeServing(ApiModel):
     metadata: ObjectMeta
     spec: MooncakeServingSpec
     status: MooncakeServingStatus | None = None
+
+    @model_validator(mode="after")
+    def _host_network_not_co_located(self) -> MooncakeServing:
+        rdma = self.spec.store.rdma
+        scheduling = self.spec.scheduling
+        if rdma is None or not rdma.host_network or scheduling is None or scheduling.affinity is None:
+            return self
+        pod_affinity = scheduling.affinity.pod_affinity
+        own = replica_pod_labels(self.metadata.name)
+        for term in (
+            (pod_affinity.required_during_scheduling_ignored_during_execution or []) if pod_affinity else []
+        ):
+            selects_own = term.label_selector is not None and term.label_selector.matches(own)
+            if term.topology_key == HOSTNAME_TOPOLOGY_KEY and selects_own and not term.namespaces:
+                raise ValueError(
+                    "spec.scheduling.affinity.podAffinity requires replicas on one node "
+                    f"({HOSTNAME_TOPOLOGY_KEY}), but spec.store.rdma.hostNetwork allows one replica per node"
+                )
+        return self
+
+
+def replica_pod_labels(name: str) -> dict[str, str]:
+    """The operator's labels on the replica pods of resource `name` (render.labels builds the same)."""
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/part-of": "mooncake-serving",
+        "app.kubernetes.io/managed-by": "mooncake-operator",
+    }
 
 
 class InvalidResourceError(ValueError):

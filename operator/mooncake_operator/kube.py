@@ -270,6 +270,10 @@ KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
     ResourceKind("v1", "Event", "events", namespaced=True),
     ResourceKind("apps/v1", "Deployment", "deployments", namespaced=True),
     ResourceKind("apps/v1", "StatefulSet", "statefulsets", namespaced=True),
+    ResourceKind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", namespaced=True),
+    # Kubernetes before 1.21 (the cluster tests' 1.20 API server) serves it only in policy/v1beta1.
+    ResourceKind("policy/v1beta1", "PodDisruptionBudget", "poddisruptionbudgets", namespaced=True),
+    ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
@@ -489,6 +493,17 @@ class KubeClient:
     async def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> Manifest:
         path = resource_path(self.kind(api_version, kind), namespace=namespace, name=name)
         return await self._request("get", "GET", path)
+
+    async def served_versions(self, group: str) -> list[str]:
+        """The versions the API server serves of an API group (discovery), e.g. ["v1", "v1beta1"];
+        [] when it does not serve the group at all."""
+        try:
+            found = await self._request("get", "GET", f"/apis/{group}")
+        except KubeApiError as error:
+            if error.not_found:
+                return []
+            raise
+        return [str(entry.get("version")) for entry in found.get("versions") or []]
 
     async def get_or_none(
         self, api_version: str, kind: str, name: str, namespace: str | None = None

@@ -9,6 +9,9 @@ Children of a resource named NAME in namespace NS:
   StatefulSet  NAME-replica        the vLLM replicas, one pod template (so hash seed, block size and
                                    connector settings cannot diverge), stable identities
   Service      NAME                client traffic: only replica pods labelled TRAFFIC_LABEL=on
+  PodDisruptionBudget NAME-replica at most one replica voluntarily disrupted (node drains)
+  NetworkPolicy NAME-master, NAME-replica  who may reach the master's and the replicas' ports
+                                   (unless spec.networkPolicy.enabled is false)
 
 The replica command line, environment and store config come from `engine_args`, the module the sandbox
 uses too. Every object carries the app.kubernetes.io labels and a controller owner reference.
@@ -27,7 +30,13 @@ from typing import Any
 import yaml
 
 from mooncake_operator import api
-from mooncake_operator.api import MooncakeServing, MooncakeServingSpec, ResourceRequirements
+from mooncake_operator.api import (
+    MooncakeServing,
+    MooncakeServingSpec,
+    NetworkPolicyPeer,
+    ResourceRequirements,
+    Scheduling,
+)
 from mooncake_operator.engine_args import DEFAULT_STORE_CONFIG_PATH, master_argv, replica_launch
 
 Manifest = dict[str, Any]
@@ -56,6 +65,8 @@ COMPONENT_REPLICA = "engine"
 # The ConfigMap is mounted as the directory of the path engine_args puts into MOONCAKE_CONFIG_PATH.
 STORE_CONFIG_DIR, STORE_CONFIG_KEY = posixpath.split(DEFAULT_STORE_CONFIG_PATH)
 HF_HOME = "/root/.cache/huggingface"
+# vLLM 0.32's MooncakeStore worker passes this (else its guess of the host IP) to the store as its address.
+LOCAL_HOSTNAME_ENV = "MOONCAKE_REQUESTER_LOCAL_HOSTNAME"
 ENGINE_CONTAINER = "vllm"
 MASTER_CONTAINER = "mooncake-master"
 HTTP_PORT_NAME = "http"
@@ -63,6 +74,8 @@ RPC_PORT_NAME = "rpc"
 METRICS_PORT_NAME = "metrics"
 HEALTH_PATH = "/health"
 STARTUP_PROBE_PERIOD_SECONDS = 10
+EPHEMERAL_STORAGE = "ephemeral-storage"
+HF_CACHE_VOLUME = "hf-cache"
 
 
 @dataclass(frozen=True)
@@ -164,6 +177,21 @@ def replica_resources(spec: MooncakeServingSpec) -> dict[str, dict[str, str | in
     requests["memory"] = format_bytes(api.parse_quantity(requests.get("memory", 0)) + store)
     if "memory" in limits:
         limits["memory"] = format_bytes(api.parse_quantity(limits["memory"]) + store)
+    # An emptyDir cache lives on the node's ephemeral storage: reserve it, or the scheduler places the
+    # pod on a node whose disk cannot hold the weights (and the kubelet evicts it mid-download).
+    cache_size = spec.model.cache.ephemeral_size
+    if cache_size is not None:
+        cache = api.parse_quantity(cache_size)
+        requests[EPHEMERAL_STORAGE] = format_bytes(
+            api.parse_quantity(requests.get(EPHEMERAL_STORAGE, 0)) + cache
+        )
+        if EPHEMERAL_STORAGE in limits:
+            limits[EPHEMERAL_STORAGE] = format_bytes(api.parse_quantity(limits[EPHEMERAL_STORAGE]) + cache)
+    rdma = spec.store.rdma
+    if rdma is not None and rdma.resource_name is not None:
+        count = str(rdma.resource_count)
+        requests[rdma.resource_name] = count
+        limits[rdma.resource_name] = count
     gpus = str(spec.engine.tensor_parallel_size)
     requests[api.GPU_RESOURCE] = gpus
     limits[api.GPU_RESOURCE] = gpus  # extended resources must have limit == request
@@ -288,6 +316,22 @@ def master_deployment(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
     resources = _resources(master.resources)
     if resources:
         container["resources"] = resources
+    # It needs no GPU; in a CUDA image the NVIDIA runtime would otherwise expose every GPU of the node.
+    container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    container["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": MASTER_USER_ID,
+        "runAsGroup": MASTER_USER_ID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    pod_spec: dict[str, Any] = {**_pod_hardening(spec), **master_placement(spec), "containers": [container]}
+    template_metadata: dict[str, Any] = {"labels": {**_extra_pod_labels(spec), **pod_labels}}
+    annotations = dict(spec.pod_metadata.annotations or {}) if spec.pod_metadata is not None else {}
+    if annotations:
+        template_metadata["annotations"] = annotations
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -297,10 +341,7 @@ def master_deployment(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
             # Two masters would split the store's metadata; the old one must be gone first.
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": selector(resource, COMPONENT_MASTER)},
-            "template": {
-                "metadata": {"labels": dict(pod_labels)},
-                "spec": {"containers": [container]},
-            },
+            "template": {"metadata": template_metadata, "spec": pod_spec},
         },
     }
 
@@ -352,7 +393,15 @@ def _replica_env(spec: MooncakeServingSpec, launch_env: dict[str, str]) -> list[
         env.append(
             {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
         )
-    env += [{"name": item.name, "value": item.value} for item in spec.engine.extra_env]
+    # The store client registers this address with the master; the pod IP is what other replicas reach.
+    env.append(
+        {
+            "name": LOCAL_HOSTNAME_ENV,
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
+        }
+    )
+    # References pass through as references: a Secret's value never enters an object the operator writes.
+    env += [item.to_wire() for item in spec.engine.extra_env]
     return env
 
 
@@ -363,19 +412,23 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     if spec.engine.shared_memory_size is not None:
         shm["sizeLimit"] = spec.engine.shared_memory_size
     cache = spec.model.cache
-    hf_cache: dict[str, Any]
+    volumes: list[dict[str, Any]] = [
+        {"name": "store-config", "configMap": {"name": names.store_config}},
+        {"name": "dshm", "emptyDir": shm},
+    ]
     if cache.existing_claim is not None:
-        hf_cache = {"name": "hf-cache", "persistentVolumeClaim": {"claimName": cache.existing_claim}}
-    else:
+        volumes.append(
+            {"name": HF_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": cache.existing_claim}}
+        )
+    elif cache.volume_claim_template is None:  # a claim template provides the volume itself
         empty_dir: dict[str, Any] = {}
         if cache.ephemeral_size is not None:
             empty_dir["sizeLimit"] = cache.ephemeral_size
-        hf_cache = {"name": "hf-cache", "emptyDir": empty_dir}
-    return [
-        {"name": "store-config", "configMap": {"name": names.store_config}},
-        {"name": "dshm", "emptyDir": shm},
-        hf_cache,
-    ]
+        volumes.append({"name": HF_CACHE_VOLUME, "emptyDir": empty_dir})
+    rdma = spec.store.rdma
+    if rdma is not None and rdma.host_devices:
+        volumes.append({"name": RDMA_DEVICES_VOLUME, "hostPath": {"path": RDMA_DEVICES_PATH}})
+    return volumes
 
 
 def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
@@ -388,10 +441,10 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
         store_config_path=DEFAULT_STORE_CONFIG_PATH,
     )
     pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_ON}
-    container = {
+    container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
         "image": spec.engine.image,
-        "command": list(launch.argv),
+        "command": replica_command(spec, launch.argv),
         "env": _replica_env(spec, dict(launch.env)),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": spec.engine.port, "protocol": "TCP"}],
         # Weights download and load can take long; the startup probe bounds it, then /health is watched.
@@ -405,46 +458,283 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
         "volumeMounts": [
             {"name": "store-config", "mountPath": STORE_CONFIG_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "hf-cache", "mountPath": HF_HOME},
+            {"name": HF_CACHE_VOLUME, "mountPath": HF_HOME},
         ],
     }
+    security = replica_security_context(spec)
+    if security:
+        container["securityContext"] = security
+    if spec.store.rdma is not None and spec.store.rdma.host_devices:
+        container["volumeMounts"].append({"name": RDMA_DEVICES_VOLUME, "mountPath": RDMA_DEVICES_PATH})
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 60,
+        **_pod_hardening(spec),
+        **replica_placement(resource),
+        "containers": [container],
+        "volumes": _replica_volumes(resource),
+    }
+    stateful_set_spec: dict[str, Any] = {
+        "serviceName": names.headless_service,
+        "replicas": spec.replicas,
+        # Replicas do not depend on each other; start and replace them in parallel (loading is slow).
+        "podManagementPolicy": "Parallel",
+        "updateStrategy": {"type": "RollingUpdate"},
+        "selector": {"matchLabels": selector(resource, COMPONENT_REPLICA)},
+        "template": {
+            "metadata": {
+                "labels": {**_extra_pod_labels(spec), **pod_labels},
+                "annotations": {
+                    **_extra_pod_annotations(spec),
+                    CONFIG_HASH_ANNOTATION: config_hash(resource),
+                },
+            },
+            "spec": pod_spec,
+        },
+    }
+    claim = cache_claim_template(resource)
+    if claim is not None:
+        stateful_set_spec["volumeClaimTemplates"] = [claim]
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": object_meta(
             resource, names.replicas, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid
         ),
+        "spec": stateful_set_spec,
+    }
+
+
+# --- pods on a real cluster: placement, storage, RDMA, hardening, disruption budget, network policy ------
+
+POLICY_V1 = "policy/v1"
+# Kubernetes before 1.21 (such as the 1.20 API server of the cluster tests) serves PodDisruptionBudget
+# only as policy/v1beta1, with the same fields; 1.25 and later serve only policy/v1.
+POLICY_V1BETA1 = "policy/v1beta1"
+POLICY_API_VERSIONS = (POLICY_V1, POLICY_V1BETA1)
+RDMA_DEVICES_VOLUME = "rdma-devices"
+RDMA_DEVICES_PATH = "/dev/infiniband"
+# `ulimit -l unlimited` raises the memlock hard limit (needs CAP_SYS_RESOURCE), then the engine replaces
+# the shell; the engine's argv follows as "$0" "$@", unchanged and unquoted by any shell.
+MEMLOCK_WRAPPER = ("/bin/sh", "-c", 'ulimit -l unlimited && exec "$0" "$@"')
+# The master needs no privileges: measured with the real mooncake_master (bench/RESULTS.md).
+MASTER_USER_ID = 65532
+DEFAULT_OPERATOR_PEER = NetworkPolicyPeer.model_validate(
+    {"podSelector": {"matchLabels": {LABEL_NAME: "mooncake-operator"}}, "namespaceSelector": {}}
+)
+
+
+def replica_command(spec: MooncakeServingSpec, argv: tuple[str, ...]) -> list[str]:
+    rdma = spec.store.rdma
+    if rdma is not None and rdma.memlock == "Wrapper":
+        return [*MEMLOCK_WRAPPER, *argv]
+    return list(argv)
+
+
+def replica_security_context(spec: MooncakeServingSpec) -> dict[str, Any]:
+    """RDMA registers (pins) memory: IPC_LOCK lifts the kernel's memlock check for that; SYS_RESOURCE
+    lets the memlock wrapper raise the limit user-space libraries read; /dev/infiniband from the node
+    can only be opened by a privileged container (the device cgroup denies it otherwise)."""
+    rdma = spec.store.rdma
+    if rdma is None:
+        return {}
+    if rdma.host_devices:
+        return {"privileged": True}
+    capabilities = ["IPC_LOCK"] + (["SYS_RESOURCE"] if rdma.memlock == "Wrapper" else [])
+    return {"capabilities": {"add": capabilities}}
+
+
+def _pod_hardening(spec: MooncakeServingSpec) -> dict[str, Any]:
+    """Pod-level settings every pod of the resource shares: no API token (they never call the API, and
+    trustRemoteCode runs model code), the image pull secrets."""
+    out: dict[str, Any] = {"automountServiceAccountToken": False}
+    if spec.image_pull_secrets:
+        out["imagePullSecrets"] = [secret.to_wire() for secret in spec.image_pull_secrets]
+    return out
+
+
+def _scheduling_fields(scheduling: Scheduling | None) -> dict[str, Any]:
+    """The Kubernetes scheduling fields of `scheduling`, unchanged (affinity handled by the caller)."""
+    if scheduling is None:
+        return {}
+    wire = scheduling.to_wire()
+    return {
+        key: wire[key]
+        for key in ("nodeSelector", "tolerations", "topologySpreadConstraints", "priorityClassName")
+        if key in wire
+    }
+
+
+def replica_anti_affinity_mode(spec: MooncakeServingSpec) -> str:
+    host_network = spec.store.rdma is not None and spec.store.rdma.host_network
+    chosen = spec.scheduling.replica_anti_affinity if spec.scheduling is not None else None
+    if chosen is None:
+        return "Required" if host_network else "Preferred"
+    return chosen
+
+
+def replica_affinity(resource: MooncakeServing) -> dict[str, Any] | None:
+    """The user's affinity with the replicas' own anti-affinity term added to podAntiAffinity.
+
+    The user's terms all stay (node and pod affinity untouched; their anti-affinity terms kept, ours
+    appended), so a user's rule always applies and ours only adds a spread; replicaAntiAffinity: None
+    leaves the user's affinity exactly as written.
+    """
+    spec = resource.spec
+    user = spec.scheduling.affinity if spec.scheduling is not None else None
+    affinity: dict[str, Any] = user.to_wire() if user is not None else {}
+    mode = replica_anti_affinity_mode(spec)
+    if mode != "None":
+        term = {
+            "labelSelector": {"matchLabels": selector(resource, COMPONENT_REPLICA)},
+            "topologyKey": api.HOSTNAME_TOPOLOGY_KEY,
+        }
+        anti = dict(affinity.get("podAntiAffinity", {}))
+        if mode == "Required":
+            key = "requiredDuringSchedulingIgnoredDuringExecution"
+            anti[key] = [*anti.get(key, []), term]
+        else:
+            key = "preferredDuringSchedulingIgnoredDuringExecution"
+            anti[key] = [*anti.get(key, []), {"weight": 100, "podAffinityTerm": term}]
+        affinity["podAntiAffinity"] = anti
+    return affinity or None
+
+
+def replica_placement(resource: MooncakeServing) -> dict[str, Any]:
+    spec = resource.spec
+    out = _scheduling_fields(spec.scheduling)
+    affinity = replica_affinity(resource)
+    if affinity is not None:
+        out["affinity"] = affinity
+    rdma = spec.store.rdma
+    if rdma is not None and rdma.host_network:
+        out["hostNetwork"] = True
+        # On the host network the pod still needs cluster DNS to find the master Service.
+        out["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return out
+
+
+def master_placement(spec: MooncakeServingSpec) -> dict[str, Any]:
+    scheduling = spec.store.master.scheduling
+    out = _scheduling_fields(scheduling)
+    if scheduling is not None and scheduling.affinity is not None:
+        out["affinity"] = scheduling.affinity.to_wire()
+    return out
+
+
+def _extra_pod_labels(spec: MooncakeServingSpec) -> dict[str, str]:
+    return dict(spec.pod_metadata.labels or {}) if spec.pod_metadata is not None else {}
+
+
+def _extra_pod_annotations(spec: MooncakeServingSpec) -> dict[str, str]:
+    annotations = dict(spec.pod_metadata.annotations or {}) if spec.pod_metadata is not None else {}
+    rdma = spec.store.rdma
+    if rdma is not None and rdma.networks is not None:
+        annotations[api.MULTUS_NETWORKS_ANNOTATION] = rdma.networks
+    return annotations
+
+
+def cache_claim_template(resource: MooncakeServing) -> dict[str, Any] | None:
+    """The per-replica cache claim (hf-cache-NAME-replica-<i>), or None for the other cache kinds."""
+    template = resource.spec.model.cache.volume_claim_template
+    if template is None:
+        return None
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": template.size}},
+    }
+    if template.storage_class_name is not None:
+        claim_spec["storageClassName"] = template.storage_class_name
+    return {
+        "metadata": {"name": HF_CACHE_VOLUME, "labels": selector(resource, COMPONENT_REPLICA)},
+        "spec": claim_spec,
+    }
+
+
+def pod_disruption_budget(
+    resource: MooncakeServing, *, owner_uid: str | None, api_version: str = POLICY_V1
+) -> Manifest:
+    """At most one replica down through voluntary disruptions (drains); StatefulSet rollouts do not go
+    through evictions, so this does not slow them."""
+    if api_version not in POLICY_API_VERSIONS:
+        raise ValueError(f"PodDisruptionBudget apiVersion must be one of {POLICY_API_VERSIONS}")
+    names = ChildNames.of(resource.metadata.name)
+    return {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": object_meta(
+            resource, names.replicas, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid
+        ),
         "spec": {
-            "serviceName": names.headless_service,
-            "replicas": spec.replicas,
-            # Replicas do not depend on each other; start and replace them in parallel (loading is slow).
-            "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
+            "maxUnavailable": 1,
             "selector": {"matchLabels": selector(resource, COMPONENT_REPLICA)},
-            "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(resource)},
-                },
-                "spec": {
-                    "terminationGracePeriodSeconds": 60,
-                    "containers": [container],
-                    "volumes": _replica_volumes(resource),
-                },
-            },
         },
     }
 
 
-def render_all(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:
-    """Every child object, in apply order: config and master first, replicas next, services for them."""
+def _peers(peers: list[NetworkPolicyPeer]) -> list[dict[str, Any]]:
+    return [peer.to_wire() for peer in peers]
+
+
+def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:
+    """Ingress of the master (RPC from this resource's replicas; metrics from declared scrapers) and of
+    the replicas (any port from each other: the store client's transfer port is picked at start-up; the
+    HTTP port from the operator and the declared clients, or from anyone when clients is unset).
+
+    Egress is not restricted. The operator never connects to the master, so it gets no master rule.
+    """
+    spec = resource.spec
+    policy = spec.network_policy
+    if not policy.enabled:
+        return []
+    names = ChildNames.of(resource.metadata.name)
+    replicas_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_REPLICA)}}
+    master = spec.store.master
+    metrics_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": master.metrics_port}]}
+    if policy.metrics_scrapers:
+        metrics_rule["from"] = _peers(policy.metrics_scrapers)
+    master_rules = [{"from": [replicas_peer], "ports": [{"protocol": "TCP", "port": master.rpc_port}]}]
+    if policy.metrics_scrapers:
+        master_rules.append(metrics_rule)
+    http_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
+    if policy.clients is not None:
+        http_rule["from"] = _peers([policy.operator or DEFAULT_OPERATOR_PEER, *policy.clients])
+    replica_rules = [{"from": [replicas_peer]}, http_rule]
+
+    def build(name: str, app: str, component: str, rules: list[dict[str, Any]]) -> Manifest:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": object_meta(resource, name, labels(resource, app, component), owner_uid),
+            "spec": {
+                "podSelector": {"matchLabels": selector(resource, component)},
+                "policyTypes": ["Ingress"],
+                "ingress": rules,
+            },
+        }
+
     return [
+        build(names.master, "mooncake-master", COMPONENT_MASTER, master_rules),
+        build(names.replicas, "vllm", COMPONENT_REPLICA, replica_rules),
+    ]
+
+
+def render_all(
+    resource: MooncakeServing, *, owner_uid: str | None, policy_api_version: str = POLICY_V1
+) -> list[Manifest]:
+    """Every child object, in apply order: network policies first (so no pod starts unprotected),
+    config and master, replicas next, services and the disruption budget for them.
+
+    `policy_api_version`: the PodDisruptionBudget's apiVersion the cluster serves (`policy/v1` from
+    Kubernetes 1.21 on; the operator asks the API server which one it serves)."""
+    return [
+        *network_policies(resource, owner_uid=owner_uid),
         store_config_map(resource, owner_uid=owner_uid),
         master_service(resource, owner_uid=owner_uid),
         master_deployment(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),
         replica_stateful_set(resource, owner_uid=owner_uid),
         client_service(resource, owner_uid=owner_uid),
+        pod_disruption_budget(resource, owner_uid=owner_uid, api_version=policy_api_version),
     ]
 
 

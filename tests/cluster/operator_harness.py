@@ -34,6 +34,9 @@ CHILD_KINDS = (
     ("v1", "Service"),
     ("apps/v1", "Deployment"),
     ("apps/v1", "StatefulSet"),
+    # The test API server is Kubernetes 1.20: PodDisruptionBudget only in policy/v1beta1.
+    ("policy/v1beta1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 

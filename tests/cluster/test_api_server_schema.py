@@ -24,10 +24,12 @@ from tests.support.manifests import with_change
 from mooncake_operator import api, crd, render
 from mooncake_operator.api import InvalidResourceError, parse_resource
 from mooncake_operator.kube import KubeApiError, KubeClient
+from mooncake_operator.reconcile.children import holds
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / crd.CRD_FILENAME
 EXAMPLE_PATH = REPO / "examples" / "minimax-m2.5-eagle3.yaml"
+RDMA_EXAMPLE_PATH = REPO / "examples" / "minimax-m2.5-eagle3-rdma.yaml"
 MANAGER = "api-server-schema-test"
 CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 ESTABLISH_TIMEOUT_S = 30.0
@@ -44,6 +46,13 @@ def committed_crd() -> Manifest:
 def customer_example(namespace: str) -> Manifest:
     """examples/minimax-m2.5-eagle3.yaml exactly as committed, moved into the test's namespace."""
     loaded: Manifest = yaml.safe_load(EXAMPLE_PATH.read_text(encoding="utf-8"))
+    loaded["metadata"]["namespace"] = namespace
+    return loaded
+
+
+def rdma_example(namespace: str) -> Manifest:
+    """examples/minimax-m2.5-eagle3-rdma.yaml as committed, moved into the test's namespace."""
+    loaded: Manifest = yaml.safe_load(RDMA_EXAMPLE_PATH.read_text(encoding="utf-8"))
     loaded["metadata"]["namespace"] = namespace
     return loaded
 
@@ -174,7 +183,104 @@ def _no_speculative(obj: Manifest) -> Manifest:
 
 
 def _rdma(obj: Manifest) -> Manifest:
-    return with_change(with_change(obj, "spec.store.protocol", "rdma"), "spec.store.deviceName", "mlx5_0")
+    changed = with_change(with_change(obj, "spec.store.protocol", "rdma"), "spec.store.deviceName", "mlx5_0")
+    return with_change(changed, "spec.store.rdma", {"resourceName": "rdma/ib"})
+
+
+def _rdma_host_network(obj: Manifest) -> Manifest:
+    changed = _rdma(obj)
+    rdma = {"hostDevices": True, "hostNetwork": True, "memlock": "Runtime"}
+    changed = with_change(changed, "spec.store.rdma", rdma)
+    return with_change(changed, "spec.scheduling", {"replicaAntiAffinity": "Required"})
+
+
+# Every scheduling shape, a user anti-affinity next to the operator's, pull secrets, pod metadata, the
+# network policy's peers and an extraEnv reference: stored exactly as sent.
+PLACEMENT = {
+    "nodeSelector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {
+            "key": "maintenance",
+            "operator": "Equal",
+            "value": "soon",
+            "effect": "NoExecute",
+            "tolerationSeconds": 60,
+        },
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100", "h200"]}]}
+                ]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 10,
+                    "preference": {
+                        "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}]
+                    },
+                }
+            ],
+        },
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 50,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": {"app": "cache"}},
+                        "namespaces": ["infra"],
+                        "topologyKey": "topology.kubernetes.io/zone",
+                    },
+                }
+            ]
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]},
+                    "namespaceSelector": {},
+                    "topologyKey": "kubernetes.io/hostname",
+                }
+            ]
+        },
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "engine"}},
+        }
+    ],
+    "priorityClassName": "inference",
+    "replicaAntiAffinity": "Preferred",
+}
+
+
+def _placement_and_metadata(obj: Manifest) -> Manifest:
+    changed = with_change(obj, "spec.scheduling", copy.deepcopy(PLACEMENT))
+    changed = with_change(changed, "spec.store.master.scheduling", {"nodeSelector": {"pool": "cpu"}})
+    changed = with_change(changed, "spec.imagePullSecrets", [{"name": "regcred"}])
+    changed = with_change(changed, "spec.podMetadata", {"labels": {"team": "a"}, "annotations": {"x/y": "z"}})
+    changed = with_change(
+        changed,
+        "spec.networkPolicy",
+        {
+            "enabled": True,
+            "operator": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}},
+            "clients": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
+            "metricsScrapers": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}],
+        },
+    )
+    secret = {"secretKeyRef": {"name": "keys", "key": "api", "optional": True}}
+    return with_change(changed, "spec.engine.extraEnv", [{"name": "API_KEY", "valueFrom": secret}])
+
+
+def _claim_per_replica(obj: Manifest) -> Manifest:
+    claim = {"volumeClaimTemplate": {"size": "600Gi", "storageClassName": "local-nvme"}}
+    return with_change(obj, "spec.model.cache", claim)
 
 
 def _single_replica_without_canary(obj: Manifest) -> Manifest:
@@ -210,6 +316,9 @@ VALID_VARIANTS = {
     "one-replica-canary-off": _single_replica_without_canary,
     "custom-canary-request": _custom_canary_request,
     "existing-pvc-cache": _existing_claim,
+    "rdma-host-network": _rdma_host_network,
+    "placement-and-metadata": _placement_and_metadata,
+    "claim-per-replica": _claim_per_replica,
 }
 
 
@@ -231,6 +340,17 @@ async def test_valid_variants_are_stored_and_read_back_unchanged(
         assert stored["spec"]["canary"]["expectations"][0]["values"] == ["us-west", 4, 16]
     if variant == "existing-pvc-cache":
         assert stored["spec"]["model"]["cache"] == {"existingClaim": "hf-cache"}
+    if variant in ("placement-and-metadata", "rdma-host-network", "claim-per-replica"):
+        assert_kept(obj["spec"], stored["spec"], "spec")
+
+
+async def test_the_rdma_example_is_stored_as_is(
+    kube: KubeClient, namespace: str, crd_installed: Manifest
+) -> None:
+    example = rdma_example(namespace)
+    stored = await create(kube, example)
+    assert_kept(example["spec"], stored["spec"], "spec")
+    assert parse_resource(stored).spec == parse_resource(example).spec
 
 
 # --------------------------------------------------------------------------- 4. invalid: server and models
@@ -248,6 +368,38 @@ SCHEMA_VIOLATIONS = {
         "spec.canary.expectations.kind",  # 1.20 omits the index
     ),
     "segment-size-pattern": ("spec.store.globalSegmentSize", "80 gigs", "spec.store.globalSegmentSize"),
+    "toleration-operator": (
+        "spec.scheduling.tolerations",
+        [{"key": "a", "operator": "Sometimes"}],
+        "spec.scheduling.tolerations.operator",
+    ),
+    "spread-when-unsatisfiable": (
+        "spec.scheduling.topologySpreadConstraints",
+        [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Maybe"}],
+        "spec.scheduling.topologySpreadConstraints.whenUnsatisfiable",
+    ),
+    "anti-affinity-weight": (
+        "spec.scheduling.affinity",
+        {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 101, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+                ]
+            }
+        },
+        "weight",
+    ),
+    "rdma-resource-count": (
+        "spec.store.rdma",
+        {"resourceName": "rdma/ib", "resourceCount": 0},
+        "resourceCount",
+    ),
+    "memlock-mode": (
+        "spec.store.rdma",
+        {"resourceName": "rdma/ib", "memlock": "Off"},
+        "spec.store.rdma.memlock",
+    ),
+    "replica-anti-affinity": ("spec.scheduling", {"replicaAntiAffinity": "Sometimes"}, "replicaAntiAffinity"),
 }
 
 
@@ -316,6 +468,40 @@ MODEL_ONLY_RULES: dict[str, tuple[str, Any, str]] = {
     "unparseable-quantity": ("spec.model.cache.ephemeralSize", "lots", "cannot parse quantity"),
     "negative-quantity": ("spec.engine.sharedMemorySize", "-1Gi", "must not be negative"),
     "name-too-long": ("metadata.name", "m" * 41, "metadata.name"),
+    "rdma-without-a-device-resource": ("spec.store.rdma", {"memlock": "Runtime"}, "store.rdma.resourceName"),
+    "host-network-with-preferred": (
+        "spec.store",
+        {
+            "globalSegmentSize": "80GB",
+            "protocol": "rdma",
+            "deviceName": "mlx5_0",
+            "rdma": {"resourceName": "rdma/ib", "hostNetwork": True},
+        },
+        "",  # checked with the scheduling change below
+    ),
+    "managed-flag-underscores": ("spec.engine.extraArgs", ["--block_size=64"], "--block-size"),
+    "managed-flag-dotted": (
+        "spec.engine.extraArgs",
+        ["--speculative-config.num_speculative_tokens=7"],
+        "--speculative-config",
+    ),
+    "managed-flag-short": (
+        "spec.engine.extraArgs",
+        ["-tp", "8"],
+        "-tp: it is set from engine.tensorParallelSize",
+    ),
+    "managed-flag-abbreviated": ("spec.engine.extraArgs", ["--kv-transfer={}"], "--kv-transfer-config"),
+    "operator-label": (
+        "spec.podMetadata",
+        {"labels": {"app.kubernetes.io/component": "x"}},
+        "podMetadata.labels",
+    ),
+    "env-value-and-reference": (
+        "spec.engine.extraEnv",
+        [{"name": "A", "value": "1", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
+        "exactly one of value and valueFrom",
+    ),
+    "claim-and-ephemeral": ("spec.model.cache.volumeClaimTemplate", {"size": "1Ti"}, "not both"),
 }
 
 
@@ -325,6 +511,12 @@ async def test_rules_beyond_the_schema_pass_the_server_and_are_caught_by_the_mod
 ) -> None:
     path, value, model_mentions = MODEL_ONLY_RULES[case]
     obj = with_change(customer_example(namespace), path, value)
+    if case == "host-network-with-preferred":
+        obj = with_change(obj, "spec.scheduling", {"replicaAntiAffinity": "Preferred"})
+        model_mentions = "scheduling.replicaAntiAffinity must be Required"
+    if case == "rdma-without-a-device-resource":
+        obj = _rdma(obj)
+        obj = with_change(obj, "spec.store.rdma", value)
 
     stored = await create(kube, obj)  # the server cannot express the rule
 
@@ -429,18 +621,42 @@ async def test_status_subresource_and_printer_columns(
 # --------------------------------------------------------------------------- 6. rendered children dry-run
 
 
-async def test_every_rendered_child_passes_a_server_side_dry_run_and_nothing_is_written(
-    kube: KubeClient, namespace: str, crd_installed: Manifest
+async def served_policy_version(kube: KubeClient) -> str:
+    served = await kube.served_versions("policy")
+    return render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+
+
+async def test_the_disruption_budget_is_policy_v1_where_served_and_the_same_in_v1beta1(
+    kube: KubeClient,
 ) -> None:
-    owner = await create(kube, customer_example(namespace))
+    """Kubernetes 1.25+ serves PodDisruptionBudget only as policy/v1 (what `render` prints); this 1.20
+    server only as policy/v1beta1, which has the same fields. The operator asks which one is served."""
+    served = await kube.served_versions("policy")
+    assert "v1beta1" in served, served
+    resource = parse_resource(customer_example("default"))
+    v1 = render.pod_disruption_budget(resource, owner_uid=None)
+    beta = render.pod_disruption_budget(resource, owner_uid=None, api_version=render.POLICY_V1BETA1)
+    assert v1["apiVersion"] == "policy/v1"
+    assert {**v1, "apiVersion": beta["apiVersion"]} == beta
+
+
+@pytest.mark.parametrize("example", ["customer", "rdma"])
+async def test_every_rendered_child_passes_a_server_side_dry_run_and_nothing_is_written(
+    kube: KubeClient, namespace: str, crd_installed: Manifest, example: str
+) -> None:
+    obj = customer_example(namespace) if example == "customer" else rdma_example(namespace)
+    owner = await create(kube, obj)
     resource = parse_resource(owner)
-    children = render.render_all(resource, owner_uid=owner["metadata"]["uid"])
+    policy = await served_policy_version(kube)
+    children = render.render_all(resource, owner_uid=owner["metadata"]["uid"], policy_api_version=policy)
     kinds = [(c["apiVersion"], c["kind"]) for c in children]
     assert {
         ("v1", "ConfigMap"),
         ("v1", "Service"),
         ("apps/v1", "Deployment"),
         ("apps/v1", "StatefulSet"),
+        (policy, "PodDisruptionBudget"),
+        ("networking.k8s.io/v1", "NetworkPolicy"),
     } <= set(kinds), kinds
 
     before = kube.counts.snapshot()
@@ -448,6 +664,9 @@ async def test_every_rendered_child_passes_a_server_side_dry_run_and_nothing_is_
         answered = await kube.apply(child, field_manager=MANAGER, dry_run=True)
         label = f"{child['kind']}/{child['metadata']['name']}"
         assert answered["metadata"]["name"] == child["metadata"]["name"], label
+        # The server kept every rendered value (it adds defaults; a field it does not know would be dropped).
+        sent, kept = child.get("spec", child.get("data")), answered.get("spec", answered.get("data"))
+        assert holds(sent, kept), f"{label}: the server did not keep what was rendered:\n{sent}\n{kept}"
         assert answered["metadata"]["ownerReferences"] == child["metadata"]["ownerReferences"], label
         assert answered["metadata"]["ownerReferences"][0]["uid"] == owner["metadata"]["uid"], label
     spent = kube.counts.since(before)

@@ -161,11 +161,11 @@ def wait_for_liveness(process: subprocess.Popen[bytes], port: int, log_path: Pat
     raise AssertionError(f"no /healthz within {OPERATOR_START_TIMEOUT_S}s:\n{operator_log(log_path)}")
 
 
-def expected_children(namespace: str) -> list[tuple[str, str, str]]:
+def expected_children(namespace: str, policy_api_version: str) -> list[tuple[str, str, str]]:
     resource = api.parse_resource(serving(namespace, SERVING))
     return [
         (m["apiVersion"], m["kind"], m["metadata"]["name"])
-        for m in render.render_all(resource, owner_uid=None)
+        for m in render.render_all(resource, owner_uid=None, policy_api_version=policy_api_version)
     ]
 
 
@@ -178,7 +178,9 @@ async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
     status = resource.get("status") or {}
     if not status.get("phase") or not status.get("conditions"):
         missing.append("status")
-    for api_version, kind, name in expected_children(namespace):
+    # The PodDisruptionBudget's version the server serves, as the operator picks it (1.20: v1beta1).
+    policy = render.POLICY_V1 if "v1" in await kube.served_versions("policy") else render.POLICY_V1BETA1
+    for api_version, kind, name in expected_children(namespace, policy):
         child = await kube.get_or_none(api_version, kind, name, namespace)
         if child is None:
             missing.append(f"{kind}/{name}")

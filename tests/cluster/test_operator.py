@@ -30,7 +30,7 @@ from mooncake_operator.kube import KubeClient
 from mooncake_operator.operator_settings import FINALIZER, RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile.revisions import config_map_name
 
-RENDERED_CHILDREN = 6
+RENDERED_CHILDREN = 9
 
 
 def settings_for(plane: ControlPlane, namespace: str, fakes: FakeCluster, **changes: Any) -> Any:
@@ -54,10 +54,13 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
     with run_operator(settings_for(kube_cluster, namespace, fakes)):
         created = await kube.create(serving(namespace))
         uid = created["metadata"]["uid"]
-        found = await eventually(lambda: rendered_children(kube, namespace), what="six children")
+        found = await eventually(lambda: rendered_children(kube, namespace), what="nine children")
         assert sorted(found) == [
             "ConfigMap/demo-store-config",
             "Deployment/demo-master",
+            "NetworkPolicy/demo-master",
+            "NetworkPolicy/demo-replica",
+            "PodDisruptionBudget/demo-replica",
             "Service/demo",
             "Service/demo-master",
             "Service/demo-replicas",

@@ -120,4 +120,4 @@ async def test_metrics_and_liveness_are_served(
         samples[f'mooncake_operator_canary_external_hit_tokens{{name="demo",namespace="{namespace}"}}'] == 256
     )
     assert samples[f'mooncake_operator_ready{{name="demo",namespace="{namespace}"}}'] == 1
-    assert samples['mooncake_operator_kube_requests_total{verb="apply"}'] == 7  # six children, last good
+    assert samples['mooncake_operator_kube_requests_total{verb="apply"}'] == 10  # nine children, last good

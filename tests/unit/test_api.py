@@ -201,6 +201,7 @@ def test_replicas_one_is_fine_without_the_canary() -> None:
 def test_rdma_with_a_device_is_accepted() -> None:
     obj = with_change("spec.store.protocol", "rdma")
     obj["spec"]["store"]["deviceName"] = "mlx5_0"
+    obj["spec"]["store"]["rdma"] = {"resourceName": "rdma/ib"}
     assert parse_resource(obj).spec.store.device_name == "mlx5_0"
 
 

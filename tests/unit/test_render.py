@@ -27,6 +27,7 @@ from mooncake_operator.examples import customer_deployment, customer_deployment_
 pytestmark = pytest.mark.unit
 
 GOLDEN = Path(__file__).parent / "golden"
+RDMA_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimax-m2.5-eagle3-rdma.yaml"
 UPDATE = os.environ.get("MOONCAKE_OPERATOR_UPDATE_GOLDEN") == "1"
 OWNER_UID = "5b0c1d7e-0000-4000-8000-000000000001"
 # The oldest and newest Kubernetes schemas kubernetes-validate ships (offline, in the package).
@@ -61,11 +62,31 @@ def small_variant() -> MooncakeServing:
         "localBufferSize": "128MB",
         "loadAsync": False,
         "master": {"image": "master:1", "rpcPort": 6000, "metricsPort": 6001},
+        # /dev/infiniband from the node, the host network, the runtime's memlock limit
+        "rdma": {"hostDevices": True, "hostNetwork": True, "memlock": "Runtime"},
+    }
+    spec["engine"]["extraEnv"].append(
+        {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api", "optional": True}}}
+    )
+    spec["imagePullSecrets"] = [{"name": "regcred"}]
+    spec["podMetadata"] = {"labels": {"team": "a"}, "annotations": {"example.com/owner": "team-a"}}
+    spec["networkPolicy"] = {
+        "operator": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}},
+        "clients": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
     }
     return parse_resource(obj)
 
 
-CASES = {"minimax-m2.5-eagle3": customer_deployment, "small-variant": small_variant}
+def rdma_example() -> MooncakeServing:
+    """examples/minimax-m2.5-eagle3-rdma.yaml: RDMA device plugin, Multus, per-replica claims, placement."""
+    return parse_resource(yaml.safe_load(RDMA_EXAMPLE.read_text(encoding="utf-8")))
+
+
+CASES = {
+    "minimax-m2.5-eagle3": customer_deployment,
+    "small-variant": small_variant,
+    "minimax-m2.5-eagle3-rdma": rdma_example,
+}
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -110,12 +131,15 @@ def test_children_in_apply_order_with_stable_names() -> None:
         (m["kind"], m["metadata"]["name"]) for m in render.render_all(customer_deployment(), owner_uid="u")
     ]
     assert kinds_and_names == [
+        ("NetworkPolicy", "minimax-m25-master"),
+        ("NetworkPolicy", "minimax-m25-replica"),
         ("ConfigMap", "minimax-m25-store-config"),
         ("Service", "minimax-m25-master"),
         ("Deployment", "minimax-m25-master"),
         ("Service", "minimax-m25-replicas"),
         ("StatefulSet", "minimax-m25-replica"),
         ("Service", "minimax-m25"),
+        ("PodDisruptionBudget", "minimax-m25-replica"),
     ]
 
 
@@ -207,7 +231,12 @@ def test_gpus_equal_tensor_parallel_size_and_memory_adds_the_store() -> None:
     resources = replica_container(customer_deployment())["resources"]
     # 4 tensor-parallel workers, each mounting an 80GB segment and a 4GB local buffer.
     store = 4 * (80 + 4)
-    assert resources["requests"] == {"cpu": "16", "memory": f"{128 + store}Gi", "nvidia.com/gpu": "4"}
+    assert resources["requests"] == {
+        "cpu": "16",
+        "memory": f"{128 + store}Gi",
+        "ephemeral-storage": "600Gi",  # the emptyDir cache (model.cache.ephemeralSize)
+        "nvidia.com/gpu": "4",
+    }
     assert resources["limits"] == {"memory": f"{192 + store}Gi", "nvidia.com/gpu": "4"}
 
 
@@ -323,10 +352,12 @@ def test_builders_are_pure_and_return_fresh_objects() -> None:
     resource = customer_deployment()
     first = render.render_all(resource, owner_uid=OWNER_UID)
     snapshot = copy.deepcopy(first)
-    first[4]["spec"]["template"]["metadata"]["labels"]["mutated"] = "yes"
-    first[2]["metadata"]["labels"]["mutated"] = "yes"
+    kinds = [manifest["kind"] for manifest in first]
+    stateful_set, deployment = first[kinds.index("StatefulSet")], first[kinds.index("Deployment")]
+    stateful_set["spec"]["template"]["metadata"]["labels"]["mutated"] = "yes"
+    deployment["metadata"]["labels"]["mutated"] = "yes"
     assert render.render_all(resource, owner_uid=OWNER_UID) == snapshot
-    assert "mutated" not in first[2]["spec"]["template"]["metadata"]["labels"]
+    assert "mutated" not in deployment["spec"]["template"]["metadata"]["labels"]
 
 
 def test_spec_hash_is_stable_and_sensitive() -> None:
@@ -352,12 +383,15 @@ def test_render_command_prints_the_stream(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert out == render.to_yaml_stream(render.render_all(customer_deployment(), owner_uid=None))
     assert [doc["kind"] for doc in yaml.safe_load_all(out)] == [
+        "NetworkPolicy",
+        "NetworkPolicy",
         "ConfigMap",
         "Service",
         "Deployment",
         "Service",
         "StatefulSet",
         "Service",
+        "PodDisruptionBudget",
     ]
 
 

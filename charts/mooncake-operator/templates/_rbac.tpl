@@ -31,13 +31,20 @@ authorized as a create. */}}
   resources: ["mooncakeservings/status"]
   verbs: ["patch"]
 # Children, applied server-side: the store config and NAME-last-good ConfigMaps, the master, headless
-# and client Services, the master Deployment and the replica StatefulSet. Read only through the watch
-# cache (list + watch, selected by the managed-by label); no single GETs.
+# and client Services, the master Deployment and the replica StatefulSet, the replicas'
+# PodDisruptionBudget and the master's and replicas' NetworkPolicies. Read only through the watch cache
+# (list + watch, selected by the managed-by label); no single GETs.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
   verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "patch"]
 # Replica and master pods (watched): readiness, pod UIDs and restarts (canary triggers), and the
 # traffic label that takes a replica out of the client Service when the canary blames it.

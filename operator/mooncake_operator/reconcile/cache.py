@@ -60,7 +60,10 @@ WATCHED_KINDS: Final = (
     WatchedKind("apps/v1", "Deployment", MANAGED_SELECTOR),
     WatchedKind("apps/v1", "StatefulSet", MANAGED_SELECTOR),
     WatchedKind("v1", "Pod", MANAGED_SELECTOR),
+    WatchedKind("networking.k8s.io/v1", "NetworkPolicy", MANAGED_SELECTOR),
 )
+# Its API version depends on the server (policy/v1 from 1.21): watched once discovery has said which.
+PDB_KIND: Final = "PodDisruptionBudget"
 
 
 def version_number(resource_version: str | None) -> int | None:
@@ -216,9 +219,11 @@ class WatchCache:
         self.namespaces: tuple[str | None, ...] = namespaces or (None,)
         self.watch_timeout_seconds = watch_timeout_seconds
         self.kinds = kinds
+        self._on_change = on_change
         self.stores = {(k.api_version, k.kind): Store(on_change) for k in kinds}
         self._listed: set[tuple[WatchedKind, str | None]] = set()
         self._synced = asyncio.Event()
+        self._kind_listed: dict[WatchedKind, asyncio.Event] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -238,6 +243,15 @@ class WatchCache:
     async def wait_synced(self) -> None:
         """Returns once every store holds a complete first list."""
         await self._synced.wait()
+
+    async def watch_kind(self, kind: WatchedKind) -> None:
+        """Adds a kind known only at run time (once), and returns when its first list is in."""
+        if (kind.api_version, kind.kind) not in self.stores:
+            self.kinds = (*self.kinds, kind)
+            self.stores[(kind.api_version, kind.kind)] = Store(self._on_change)
+            for namespace in self.namespaces:
+                self._tasks.append(asyncio.create_task(self._follow(kind, namespace)))
+        await self._kind_listed.setdefault(kind, asyncio.Event()).wait()
 
     @property
     def synced(self) -> bool:
@@ -312,5 +326,7 @@ class WatchCache:
 
     def _mark_listed(self, kind: WatchedKind, namespace: str | None) -> None:
         self._listed.add((kind, namespace))
-        if len(self._listed) == len(self.kinds) * len(self.namespaces):
+        if all((kind, ns) in self._listed for ns in self.namespaces):
+            self._kind_listed.setdefault(kind, asyncio.Event()).set()
+        if all((k, ns) in self._listed for k in self.kinds for ns in self.namespaces):
             self._synced.set()

@@ -90,6 +90,36 @@ def needs_apply(desired: Manifest, live: Mapping[str, Any] | None) -> str | None
     return None
 
 
+class ImmutableChangeError(Exception):
+    """A rendered child changes a field the API server will not let change; nothing was applied."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("; ".join(problems))
+
+
+def immutable_changes(desired: Manifest, live: Mapping[str, Any] | None) -> list[str]:
+    """Why `desired` cannot be applied over `live`: a StatefulSet's volumeClaimTemplates are immutable.
+
+    Re-creating the StatefulSet would not help: its claims already exist under the same names and would
+    be reused with their old class and size. So the change is refused, with what to do instead.
+    """
+    if live is None or desired["kind"] != "StatefulSet":
+        return []
+    wanted = desired["spec"].get("volumeClaimTemplates", [])
+    present = (live.get("spec") or {}).get("volumeClaimTemplates") or []
+    if len(wanted) == len(present) and holds(wanted, present):
+        return []
+    name = desired["metadata"]["name"]
+    return [
+        "spec.model.cache: the per-replica cache claims (model.cache.volumeClaimTemplate) cannot change "
+        f"once StatefulSet {name} exists (Kubernetes keeps volumeClaimTemplates immutable, and the "
+        f"existing claims hf-cache-{name}-<i> would be reused unchanged). Restore the previous "
+        f"model.cache, or delete StatefulSet {name} (and the claims, to re-size them) to let the operator "
+        "re-create it"
+    ]
+
+
 @dataclass(frozen=True)
 class AppliedChild:
     kind: str
@@ -100,14 +130,24 @@ class AppliedChild:
 async def ensure_children(
     kube: KubeClient, cache: WatchCache, manifests: Sequence[Manifest]
 ) -> list[AppliedChild]:
-    """Apply, in order, each child that needs it; returns what happened to each."""
-    results = []
+    """Apply, in order, each child that needs it; returns what happened to each.
+
+    Every child is read (from the watch cache) before any is written, so a change the API server would
+    refuse on one child (ImmutableChangeError) leaves all of them as they were.
+    """
+    pairs = []
     for manifest in manifests:
         desired = with_applied_hash(manifest)
         metadata = desired["metadata"]
         live = cache.get(desired["apiVersion"], desired["kind"], metadata["namespace"], metadata["name"])
+        pairs.append((desired, live))
+    problems = [problem for desired, live in pairs for problem in immutable_changes(desired, live)]
+    if problems:
+        raise ImmutableChangeError(problems)
+    results = []
+    for desired, live in pairs:
         why = needs_apply(desired, live)
         if why is not None:
             await kube.apply(desired, field_manager=FIELD_MANAGER)
-        results.append(AppliedChild(desired["kind"], metadata["name"], why))
+        results.append(AppliedChild(desired["kind"], desired["metadata"]["name"], why))
     return results

@@ -35,8 +35,14 @@ from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, RERUN_CANARY_ANNOTATION, OperatorSettings
 from mooncake_operator.reconcile import proof, status
-from mooncake_operator.reconcile.cache import Wakes, WatchCache
-from mooncake_operator.reconcile.children import ensure_children
+from mooncake_operator.reconcile.cache import (
+    MANAGED_SELECTOR,
+    PDB_KIND,
+    Wakes,
+    WatchCache,
+    WatchedKind,
+)
+from mooncake_operator.reconcile.children import ImmutableChangeError, ensure_children
 from mooncake_operator.reconcile.observe import Observation, observe
 from mooncake_operator.reconcile.revisions import read_last_good, record_last_good
 from mooncake_operator.reconcile.traffic import sync_traffic
@@ -76,6 +82,7 @@ class Runtime:
     clock: Callable[[], datetime] = utc_now
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+    _policy_api_version: str | None = None
 
     @classmethod
     def start(cls, settings: OperatorSettings, kube: KubeClient | None = None) -> Runtime:
@@ -113,6 +120,15 @@ class Runtime:
         await self.cache.close()
         await self.http.aclose()
         await self.kube.aclose()
+
+    async def policy_api_version(self) -> str:
+        """policy/v1 where served (Kubernetes >= 1.21), else policy/v1beta1; asked once per process."""
+        if self._policy_api_version is None:
+            served = await self.kube.served_versions("policy")
+            version = render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+            await self.cache.watch_kind(WatchedKind(version, PDB_KIND, MANAGED_SELECTOR))
+            self._policy_api_version = version
+        return self._policy_api_version
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, name), asyncio.Lock())
@@ -335,9 +351,12 @@ class _Pass:
     async def run(self) -> Outcome:
         revisions, serving_spec = await self.choose_revision()
         serving = self.resource.model_copy(update={"spec": serving_spec})
-        applied = await ensure_children(
-            self.kube, self.runtime.cache, render.render_all(serving, owner_uid=self.uid)
-        )
+        policy = await self.runtime.policy_api_version()
+        manifests = render.render_all(serving, owner_uid=self.uid, policy_api_version=policy)
+        try:
+            applied = await ensure_children(self.kube, self.runtime.cache, manifests)
+        except ImmutableChangeError as error:
+            return await self.state.invalid(error.problems)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
