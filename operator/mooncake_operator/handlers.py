@@ -58,7 +58,9 @@ def build_registry(
 
     # Level-based: the worker reconciles on every change the watches report (spec, annotations,
     # children, pods) and on its timers; no change handler, so kopf writes no diff-base annotations.
-    @kopf.daemon(*RESOURCE, registry=registry)
+    # cancellation_polling: kopf re-checks a stopping daemon (one finishing its reconcile when the
+    # resource is deleted) this often before removing the finalizer; its default is 60 s.
+    @kopf.daemon(*RESOURCE, registry=registry, cancellation_polling=1.0)
     async def work(namespace: str | None, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
         await run_worker(holder.get(), str(namespace), name, stopped)
 
