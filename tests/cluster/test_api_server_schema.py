@@ -545,6 +545,7 @@ async def test_status_subresource_and_printer_columns(
         ("Phase", "string", ".status.phase"),
         ("Canary", "string", ".status.canary.verdict"),
         ("ExtHit", "integer", ".status.canary.externalHitTokens"),
+        ("Serving", "integer", ".status.traffic.serving"),
         ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
@@ -571,6 +572,7 @@ async def test_status_subresource_and_printer_columns(
             },
         ],
         "replicas": {"desired": 2, "ready": 2},
+        "traffic": {"serving": 2},
         "canary": {
             "runId": "run-1",
             "verdict": "Passed",
@@ -605,14 +607,15 @@ async def test_status_subresource_and_printer_columns(
 
     table = table_of(kube_cluster, namespace, name)
     headers = [c["name"] for c in table["columnDefinitions"]]
-    assert headers == ["Name", "Phase", "Canary", "ExtHit", "Ready", "Age"]
+    assert headers == ["Name", "Phase", "Canary", "ExtHit", "Serving", "Ready", "Age"]
     (row,) = table["rows"]
     cells = dict(zip(headers, row["cells"], strict=True))
     assert cells["Name"] == name
-    assert (cells["Phase"], cells["Canary"], cells["ExtHit"], cells["Ready"]) == (
+    assert (cells["Phase"], cells["Canary"], cells["ExtHit"], cells["Serving"], cells["Ready"]) == (
         "Ready",
         "Passed",
         128,
+        2,
         "True",
     )
     assert isinstance(cells["Age"], str) and cells["Age"], cells
