@@ -14,8 +14,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "crd",
         help="generate the MooncakeServing CustomResourceDefinition from the API models",
-        description="Write the CRD as crds/serving.mooncake-operator.dev_mooncakeservings.yaml "
-        "under --output, or print it to stdout without --output.",
+        description="Write the CRD as serving.mooncake-operator.dev_mooncakeservings.yaml into the "
+        "directory --output (the repository's copy: --output crds), or print it to stdout without --output.",
     )
     parser.add_argument("--output", "-o", type=Path, metavar="DIR", help="directory to write the CRD into")
     parser.set_defaults(func=_run)
