@@ -272,6 +272,14 @@ def store_config_map(resource: MooncakeServing, *, owner_uid: str | None) -> Man
     }
 
 
+def _master_service_ports(master: api.MasterSpec) -> list[dict[str, Any]]:
+    """The master's RPC and metrics ports, as both the ClusterIP and the HA headless Service expose them."""
+    return [
+        {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+        for name, port in ((RPC_PORT_NAME, master.rpc_port), (METRICS_PORT_NAME, master.metrics_port))
+    ]
+
+
 def master_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
     names = ChildNames.of(resource.metadata.name)
     master = resource.spec.store.master
@@ -284,20 +292,7 @@ def master_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manif
         "spec": {
             "type": "ClusterIP",
             "selector": selector(resource, COMPONENT_MASTER),
-            "ports": [
-                {
-                    "name": RPC_PORT_NAME,
-                    "port": master.rpc_port,
-                    "targetPort": RPC_PORT_NAME,
-                    "protocol": "TCP",
-                },
-                {
-                    "name": METRICS_PORT_NAME,
-                    "port": master.metrics_port,
-                    "targetPort": METRICS_PORT_NAME,
-                    "protocol": "TCP",
-                },
-            ],
+            "ports": _master_service_ports(master),
         },
     }
 
@@ -821,20 +816,7 @@ def masters_headless_service(resource: MooncakeServing, *, owner_uid: str | None
             # Standbys are addressable too: the operator asks every master which one leads.
             "publishNotReadyAddresses": True,
             "selector": selector(resource, COMPONENT_MASTER),
-            "ports": [
-                {
-                    "name": RPC_PORT_NAME,
-                    "port": master.rpc_port,
-                    "targetPort": RPC_PORT_NAME,
-                    "protocol": "TCP",
-                },
-                {
-                    "name": METRICS_PORT_NAME,
-                    "port": master.metrics_port,
-                    "targetPort": METRICS_PORT_NAME,
-                    "protocol": "TCP",
-                },
-            ],
+            "ports": _master_service_ports(master),
         },
     }
 
