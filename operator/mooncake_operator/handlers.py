@@ -7,8 +7,10 @@ closed at cleanup.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import kopf
 
@@ -21,6 +23,31 @@ from mooncake_operator.operator_settings import (
 )
 
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
+T = TypeVar("T")
+
+
+class StopFlag(Protocol):
+    """What kopf passes a timer as `stopped`: set when the resource is deleted or the operator exits."""
+
+    def wait(self) -> Awaitable[object]: ...
+
+
+async def until_stopped(work: Awaitable[T], stopped: StopFlag) -> T | None:
+    """Awaits `work` unless `stopped` is set first, then cancels it (None).
+
+    kopf removes the finalizer of a deleted resource only after its timers exited and, when one does
+    not exit at once, checks again only every `cancellation_polling` seconds: a resync busy in a canary
+    would hold the deletion that long, though nothing it does matters for a deleted resource.
+    """
+    task = asyncio.ensure_future(work)
+    stop = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, stop):
+            pending.cancel()  # a no-op for the one that finished
+        await asyncio.gather(task, stop, return_exceptions=True)
+    return None if task.cancelled() else task.result()
 
 
 @dataclass
@@ -90,8 +117,9 @@ def build_registry(
         initial_delay=operator_settings.resync_seconds,
         registry=registry,
     )
-    async def resync(namespace: str | None, name: str, **_: Any) -> None:
-        await reconcile.reconcile(holder.get(), str(namespace), name)
+    async def resync(namespace: str | None, name: str, **kwargs: Any) -> None:
+        stopped: kopf.DaemonStopped = kwargs["stopped"]
+        await until_stopped(reconcile.reconcile(holder.get(), str(namespace), name), stopped)
 
     @kopf.on.delete(*RESOURCE, optional=True, registry=registry)
     async def deleted(namespace: str | None, name: str, **_: Any) -> None:

@@ -28,6 +28,8 @@ ANNOTATION_PREFIX = api.GROUP
 RERUN_CANARY_ANNOTATION = f"{api.GROUP}/rerun-canary"
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
+# How often kopf re-checks a timer that is exiting (its default, 60 s, delays deletions that long).
+TIMER_EXIT_POLL_SECONDS = 2.0
 
 
 class SettingsError(ValueError):
@@ -167,6 +169,10 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.watching.connect_timeout = ours.request_timeout_seconds
     settings.networking.request_timeout = ours.request_timeout_seconds
     settings.networking.connect_timeout = ours.request_timeout_seconds
+    # A timer that did not exit at once (handlers.until_stopped cancels the resync's reconcile, but its
+    # clean-up may take a moment) is checked again after this, not kopf's default 60 s: a deleted
+    # resource keeps its finalizer until then.
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
     # The operator posts its own events on phase transitions; kopf's would add one per handler retry.
     settings.posting.enabled = False
     settings.posting.level = logging.WARNING
