@@ -10,6 +10,7 @@ file (`KubeConfig.from_kubeconfig()`), or explicit values (`KubeConfig(server=..
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -17,7 +18,7 @@ import os
 import ssl
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +37,8 @@ APPLY_PATCH: Final = "application/apply-patch+yaml"
 MERGE_PATCH: Final = "application/merge-patch+json"
 _LIST_PAGE_SIZE: Final = 500
 _EVENT_MESSAGE_LIMIT: Final = 1024
+WATCH_READ_GRACE_SECONDS: Final = 30.0
+MAX_IN_FLIGHT: Final = 32
 
 
 class KubeError(Exception):
@@ -292,8 +295,11 @@ def resource_path(
     name: str | None = None,
     subresource: str | None = None,
 ) -> str:
-    """The REST path of a collection, an object, or an object's subresource."""
-    if kind.namespaced and not namespace:
+    """The REST path of a collection, an object, or an object's subresource.
+
+    A namespaced kind's collection without a namespace is the collection across all namespaces.
+    """
+    if kind.namespaced and not namespace and name:
         raise ValueError(f"{kind.kind} is namespaced: a namespace is required")
     if not kind.namespaced and namespace:
         raise ValueError(f"{kind.kind} is cluster-scoped: got namespace {namespace!r}")
@@ -313,11 +319,13 @@ def resource_path(
 # --------------------------------------------------------------------------- the client
 
 READ_VERBS: Final = frozenset({"get", "list"})
+# Not a write either: a watch reads a stream of changes (counted apart from reads).
+STREAM_VERBS: Final = frozenset({"watch"})
 
 
 @dataclass
 class RequestCounts:
-    """Requests made, by verb (get, list, create, apply, patch, patch_status, delete).
+    """Requests made, by verb (get, list, watch, create, apply, patch, patch_status, delete).
 
     `writes` counts requests that may persist a change; dry runs are counted apart.
     """
@@ -331,7 +339,7 @@ class RequestCounts:
 
     @property
     def writes(self) -> int:
-        return sum(n for verb, n in self.by_verb.items() if verb not in READ_VERBS)
+        return sum(n for verb, n in self.by_verb.items() if verb not in READ_VERBS | STREAM_VERBS)
 
     def snapshot(self) -> RequestCounts:
         return RequestCounts(by_verb=Counter(self.by_verb), dry_runs=self.dry_runs)
@@ -394,7 +402,9 @@ class KubeClient:
     """Async API client. Use as `async with KubeClient(config) as kube:` or call `aclose()`.
 
     `transport` lets tests inject an httpx transport; `kinds` are the custom kinds it serves besides the
-    built-in ones (KNOWN_KINDS).
+    built-in ones (KNOWN_KINDS). `on_write`, when set, is called with the object each successful apply,
+    patch or create returned (the operator's watch cache absorbs its own writes with it, so the next
+    reconcile never reads something older).
     """
 
     def __init__(
@@ -404,15 +414,23 @@ class KubeClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
         kinds: Iterable[ResourceKind] = (),
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.config = config
         self.counts = RequestCounts()
+        self.timeout = timeout
+        self.on_write: Callable[[Manifest], None] | None = None
+        # At most this many requests in flight (watches apart): with a thousand resources reconciling at
+        # once, the rest wait here in a FIFO, not in httpx's connection pool, whose queue costs
+        # O(waiting x connections) per finished request (measured: it saturated the operator's CPU).
+        self._in_flight = asyncio.Semaphore(max_in_flight)
         self._kinds = {**KNOWN_KINDS, **_kinds(*kinds)}
         self._http = httpx.AsyncClient(
             base_url=config.server,
             verify=config.ssl_context(),
             auth=_BearerAuth(config),
-            timeout=timeout,
+            # Requests wait for a slot in `_in_flight` (below), so the pool itself never queues.
+            timeout=httpx.Timeout(timeout, pool=None),
             transport=transport,
             headers={"Accept": "application/json", "User-Agent": "mooncake-operator"},
         )
@@ -459,12 +477,17 @@ class KubeClient:
         content = None if body is None else json.dumps(body).encode()
         headers = {} if body is None else {"Content-Type": content_type}
         try:
-            response = await self._http.request(method, path, params=query, content=content, headers=headers)
+            async with self._in_flight:
+                response = await self._http.request(
+                    method, path, params=query, content=content, headers=headers
+                )
         except httpx.HTTPError as error:
             raise KubeTransportError(f"{method} {path}: {error!r}") from error
         if response.is_error:
             raise _error_from(response)
         result: Manifest = response.json() if response.content else {}
+        if self.on_write is not None and verb not in READ_VERBS and not dry_run and result.get("kind"):
+            self.on_write(result)
         return result
 
     # ---- reads
@@ -508,6 +531,66 @@ class KubeClient:
             item
             async for item in self._iter_list(api_version, kind, namespace, label_selector, field_selector)
         ]
+
+    async def list_snapshot(
+        self, api_version: str, kind: str, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> tuple[ManifestList, str]:
+        """All matching objects and the collection's resourceVersion, from which a watch continues."""
+        path = resource_path(self.kind(api_version, kind), namespace=namespace)
+        params = {"limit": str(_LIST_PAGE_SIZE)}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        items: ManifestList = []
+        version = ""
+        while True:
+            page = await self._request("list", "GET", path, params=params)
+            # Every page of one paginated list is served from the same snapshot: the first names it.
+            version = version or str((page.get("metadata") or {}).get("resourceVersion") or "")
+            items += [{"apiVersion": api_version, "kind": kind, **item} for item in page.get("items") or []]
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, version
+            params["continue"] = token
+
+    async def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> AsyncIterator[Manifest]:
+        """Watch events (`{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": ...}`) after
+        `resource_version`, until the server ends the stream after `timeout_seconds`."""
+        path = resource_path(self.kind(api_version, kind), namespace=namespace)
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(int(timeout_seconds)),
+        }
+        if label_selector:
+            params["labelSelector"] = label_selector
+        self.counts.by_verb["watch"] += 1
+        # The server ends the stream; the client's read timeout only catches a server that went silent.
+        timeout = httpx.Timeout(self.timeout, read=timeout_seconds + WATCH_READ_GRACE_SECONDS, pool=None)
+        try:
+            async with self._http.stream("GET", path, params=params, timeout=timeout) as response:
+                if response.is_error:
+                    await response.aread()
+                    raise _error_from(response)
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        event: Manifest = json.loads(line)
+                        obj = event.get("object")
+                        if isinstance(obj, dict) and event.get("type") != "ERROR":
+                            obj.setdefault("apiVersion", api_version)
+                            obj.setdefault("kind", kind)
+                        yield event
+        except httpx.HTTPError as error:
+            raise KubeTransportError(f"watch {path}: {error!r}") from error
 
     async def _iter_list(
         self,
@@ -581,14 +664,22 @@ class KubeClient:
         namespace: str | None = None,
         *,
         field_manager: str | None = None,
+        resource_version: str | None = None,
     ) -> Manifest:
-        """Merge-patches `.status` through the status subresource."""
+        """Merge-patches `.status` through the status subresource.
+
+        With `resource_version`, the patch applies only to that version of the object: the API server
+        answers 409 Conflict (`KubeApiError.conflict`) when it changed since (optimistic concurrency).
+        """
         path = resource_path(
             self.kind(api_version, kind), namespace=namespace, name=name, subresource="status"
         )
         params = {"fieldManager": field_manager} if field_manager else None
+        body: dict[str, Any] = {"status": status}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
         return await self._request(
-            "patch_status", "PATCH", path, params=params, body={"status": status}, content_type=MERGE_PATCH
+            "patch_status", "PATCH", path, params=params, body=body, content_type=MERGE_PATCH
         )
 
     async def delete(

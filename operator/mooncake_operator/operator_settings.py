@@ -8,7 +8,6 @@ that points canaries at URLs other than the per-replica DNS names (tests, the sa
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,7 @@ ANNOTATION_PREFIX = api.GROUP
 RERUN_CANARY_ANNOTATION = f"{api.GROUP}/rerun-canary"
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
-# How often kopf re-checks a timer that is exiting (its default, 60 s, delays deletions that long).
+# How often kopf re-checks a daemon that is exiting (its default, 60 s, delays deletions that long).
 TIMER_EXIT_POLL_SECONDS = 2.0
 
 
@@ -51,7 +50,8 @@ class OperatorSettings:
     # Highly available masters' admin URLs per "ns/name", in ordinal order, where the operator cannot
     # resolve the masters' headless Service (an operator outside the cluster, tests).
     master_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    resync_seconds: float = 30.0
+    resync_seconds: float = 600.0  # a safety net: changes arrive through the watches
+    max_concurrent_canaries: int = 8
     retry_delay_seconds: float = 10.0
     inconclusive_retry_seconds: float = 60.0
     request_timeout_seconds: float = 30.0
@@ -67,6 +67,8 @@ class OperatorSettings:
         ):
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name.replace('_', '-')} must be greater than 0")
+        if self.max_concurrent_canaries < 1:
+            raise SettingsError("max-concurrent-canaries must be at least 1")
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
@@ -124,36 +126,8 @@ def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
     return parse_replica_endpoints(document, source=str(path))
 
 
-# Marks a TemporaryError that means "not ready yet, retrying", not a failure (see WaitingLogFilter).
-WAITING_MARK = "[waiting] "
-_KOPF_RETRY = re.compile(r"^(?P<handler>.*) failed temporarily: \[waiting\] (?P<message>.*)$", re.DOTALL)
-
-
-class WaitingLogFilter(logging.Filter):
-    """kopf logs every TemporaryError as `ERROR ... failed temporarily: ...`, and has no setting for it.
-    Waiting for pods is not an error: this rewrites kopf's line for a waiting outcome (marked with
-    WAITING_MARK by `handlers.raise_for`) to INFO, saying what is awaited. Real errors stay ERROR."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno != logging.ERROR:
-            return True
-        match = _KOPF_RETRY.match(record.getMessage())
-        if match is not None:
-            record.msg = f"{match['handler']} waits, {match['message']}"
-            record.args = None
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-        return True
-
-
-def install_waiting_log_filter() -> None:
-    logger = logging.getLogger("kopf.objects")
-    if not any(isinstance(existing, WaitingLogFilter) for existing in logger.filters):
-        logger.addFilter(WaitingLogFilter())
-
-
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """kopf's settings for this operator (called from the startup handler)."""
-    install_waiting_log_filter()
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -169,9 +143,9 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.watching.connect_timeout = ours.request_timeout_seconds
     settings.networking.request_timeout = ours.request_timeout_seconds
     settings.networking.connect_timeout = ours.request_timeout_seconds
-    # A timer that did not exit at once (handlers.until_stopped cancels the resync's reconcile, but its
-    # clean-up may take a moment) is checked again after this, not kopf's default 60 s: a deleted
-    # resource keeps its finalizer until then.
+    # A daemon that did not exit at once (worker.until_stopped cancels its reconcile, but the clean-up
+    # may take a moment) is checked again after this, not kopf's default 60 s: a deleted resource keeps
+    # its finalizer until then.
     settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
     # The operator posts its own events on phase transitions; kopf's would add one per handler retry.
     settings.posting.enabled = False

@@ -237,7 +237,8 @@ def operator_settings(plane: ControlPlane, namespace: str, **changes: Any) -> Op
         kube=KubeConfig(server=plane.server, token=plane.admin_token, ca_path=plane.ca_path),
         liveness_port=0,
         metrics_port=0,
-        resync_seconds=1.0,
+        # The default's order of magnitude: every reaction a test waits for must come from the watches.
+        resync_seconds=600.0,
         retry_delay_seconds=0.5,
         inconclusive_retry_seconds=2.0,
         request_timeout_seconds=10.0,

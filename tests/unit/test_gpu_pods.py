@@ -14,11 +14,12 @@ import yaml
 
 from mooncake_operator import api, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, managed_flag_of, parse_resource
+from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment_yaml
 from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.metrics import OperatorMetrics
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import Runtime
+from mooncake_operator.reconcile.cache import WatchCache, WatchedKind
 from mooncake_operator.reconcile.children import (
     ImmutableChangeError,
     ensure_children,
@@ -423,25 +424,27 @@ async def test_nothing_is_applied_when_one_child_cannot_change() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         requests.append((request.method, request.url.path))
-        parts = request.url.path.rstrip("/").split("/")
-        for key, manifest in live.items():
-            name, kind = key.split("/")
-            if parts[-1] == name and parts[-2] == render_plural(kind):
-                return httpx.Response(200, json=manifest)
-        return httpx.Response(
-            404, json={"kind": "Status", "code": 404, "reason": "NotFound", "message": "nf"}
-        )
+        return httpx.Response(500, json={"kind": "Status", "code": 500, "message": "no request expected"})
 
     kube = KubeClient(
         KubeConfig(server="https://127.0.0.1:6443", token="t"), transport=httpx.MockTransport(handler)
     )
+    kinds = {(m["apiVersion"], m["kind"]) for m in live.values()}
+    cache = WatchCache(
+        kube,
+        namespaces=("default",),
+        on_change=lambda *_: None,
+        kinds=tuple(WatchedKind(version, kind, None) for version, kind in sorted(kinds)),
+    )
+    for manifest in live.values():  # what the watches would hold
+        cache.remember({**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}})
     try:
         with pytest.raises(ImmutableChangeError) as caught:
-            await ensure_children(kube, render.render_all(new, owner_uid="u"))
+            await ensure_children(kube, cache, render.render_all(new, owner_uid="u"))
     finally:
         await kube.aclose()
     assert "model.cache.volumeClaimTemplate" in caught.value.problems[0]
-    assert {method for method, _ in requests} == {"GET"}
+    assert requests == []  # read from the cache; nothing written
     assert kube.counts.writes == 0
 
 
@@ -607,14 +610,16 @@ async def test_the_served_policy_version_is_asked_once(served: list[str], expect
     versions = [{"groupVersion": f"policy/{version}", "version": version} for version in served]
 
     def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch") == "true":  # the watch cache's, with nothing to report
+            return httpx.Response(200, content=b"")
+        if request.url.params.get("limit"):  # its lists, empty
+            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
         asked.append(request.url.path)
         return httpx.Response(200, json={"kind": "APIGroup", "name": "policy", "versions": versions})
 
     config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(handler))
-    runtime = Runtime(
-        settings=OperatorSettings(kube=config), kube=kube, http=httpx.AsyncClient(), metrics=OperatorMetrics()
-    )
+    kube = KubeClient(config, transport=httpx.MockTransport(handler), kinds=[SERVING_KIND])
+    runtime = Runtime.start(OperatorSettings(kube=config, metrics_port=0), kube)
     try:
         assert await runtime.policy_api_version() == expected
         assert await runtime.policy_api_version() == expected

@@ -1,4 +1,4 @@
-"""The resync timer gives way at once when kopf stops it (resource deleted, operator exiting)."""
+"""A resource's worker gives way at once when kopf stops it (resource deleted, operator exiting)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from mooncake_operator.handlers import until_stopped
+from mooncake_operator.reconcile.worker import until_stopped
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,6 @@ from mooncake_operator.api import MooncakeServing
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.metrics import OperatorMetrics
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
 from mooncake_operator.reconcile.children import with_applied_hash
@@ -24,11 +23,21 @@ from mooncake_operator.reconcile.observe import REVISION_LABEL
 pytestmark = pytest.mark.unit
 
 
-def runtime_answering(handler: Callable[[httpx.Request], httpx.Response]) -> Runtime:
+def runtime_answering(handler: Callable[[httpx.Request], httpx.Response], *, lists: bool = False) -> Runtime:
+    """A runtime whose watches see no change and whose every other request `handler` answers; the watch
+    cache's first lists find nothing unless `lists` (then `handler` answers them too)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch") == "true":
+            return httpx.Response(200, content=b"")
+        if request.url.params.get("limit") and not lists:  # the watch cache's first list
+            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
+        return handler(request)
+
     config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(handler), kinds=[SERVING_KIND])
-    settings = OperatorSettings(kube=config, retry_delay_seconds=3)
-    return Runtime(settings=settings, kube=kube, http=httpx.AsyncClient(), metrics=OperatorMetrics())
+    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
+    settings = OperatorSettings(kube=config, namespaces=("ns",), retry_delay_seconds=3, metrics_port=0)
+    return Runtime.start(settings, kube)
 
 
 @pytest.fixture
@@ -82,17 +91,18 @@ class World:
         self.requests.append((method, path))
         if method == "GET" and path in self.objects:
             return httpx.Response(200, json=self.objects[path])
-        if method == "GET" and not request.url.params.get("labelSelector"):
+        if method == "GET" and not request.url.params.get("limit"):
             return httpx.Response(404, json={"kind": "Status", "reason": "NotFound", "code": 404})
         if method == "GET":
-            wanted = dict(item.split("=", 1) for item in request.url.params["labelSelector"].split(","))
+            selector = request.url.params.get("labelSelector")
+            wanted = dict(item.split("=", 1) for item in selector.split(",")) if selector else {}
             items = [
                 obj
                 for key, obj in sorted(self.objects.items())
                 if key.startswith(path + "/")
                 and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
             ]
-            return httpx.Response(200, json={"items": items, "metadata": {}})
+            return httpx.Response(200, json={"items": items, "metadata": {"resourceVersion": "1"}})
         if method == "PATCH" and path.endswith("/status") and self.fail_status:
             failure = {"kind": "Status", "reason": "InternalError", "message": "etcd timeout", "code": 500}
             return httpx.Response(500, json=failure)
@@ -143,27 +153,39 @@ def held_world() -> tuple[World, MooncakeServing]:
         plural = {"StatefulSet": "statefulsets", "Deployment": "deployments"}.get(kind, kind.lower() + "s")
         world.put(f"{group}/namespaces/ns/{plural}/{child['metadata']['name']}", child)
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
-    master_labels = render.selector(resource, render.COMPONENT_MASTER)
+    managed = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
+    master_labels = {**render.selector(resource, render.COMPONENT_MASTER), **managed}
     world.put(
         "/api/v1/namespaces/ns/pods/demo-master-x",
-        {"metadata": {"name": "demo-master-x", "uid": "m", "labels": master_labels}, "status": ready},
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "demo-master-x", "namespace": "ns", "uid": "m", "labels": master_labels},
+            "status": ready,
+        },
     )
     for ordinal, traffic in ((0, "on"), (1, "off")):
         labels = {
             **render.selector(resource, render.COMPONENT_REPLICA),
+            **managed,
             REVISION_LABEL: "hash-a",
             render.TRAFFIC_LABEL: traffic,
         }
         name = f"demo-replica-{ordinal}"
         world.put(
             f"/api/v1/namespaces/ns/pods/{name}",
-            {"metadata": {"name": name, "uid": f"p{ordinal}", "labels": labels}, "status": ready},
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ns", "uid": f"p{ordinal}", "labels": labels},
+                "status": ready,
+            },
         )
     return world, resource
 
 
 def runtime_of(world: World) -> Runtime:
-    return runtime_answering(world.handle)
+    return runtime_answering(world.handle, lists=True)
 
 
 async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from pathlib import Path
 
@@ -11,7 +10,6 @@ import pytest
 
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands.run import settings_from
-from mooncake_operator.handlers import raise_for
 from mooncake_operator.kube import KubeConfig
 from mooncake_operator.operator_settings import (
     FINALIZER,
@@ -23,6 +21,7 @@ from mooncake_operator.operator_settings import (
     parse_replica_endpoints,
 )
 from mooncake_operator.reconcile import Outcome, ReconcileResult
+from mooncake_operator.reconcile.worker import log_outcome
 
 pytestmark = pytest.mark.unit
 
@@ -114,36 +113,14 @@ def test_connection_info_from_a_token_config(tmp_path: Path) -> None:
     )
 
 
-def test_outcomes_become_kopf_semantics() -> None:
-    raise_for(Outcome(ReconcileResult.READY))
-    raise_for(Outcome(ReconcileResult.CANARY_FAILED, "held"))
-    with pytest.raises(kopf.TemporaryError) as waiting:
-        raise_for(Outcome(ReconcileResult.WAITING, "not ready", retry_after=5))
-    assert waiting.value.delay == 5
-    with pytest.raises(kopf.PermanentError, match="replicas is 1"):
-        raise_for(Outcome(ReconcileResult.INVALID, "spec: replicas is 1"))
-
-
-def test_waiting_is_logged_at_info_not_as_a_kopf_error(caplog: pytest.LogCaptureFixture) -> None:
-    from kopf._core.actions import execution
-
-    # The line kopf logs for every TemporaryError; the filter below relies on its shape.
-    assert 'failed temporarily: {str(e) or repr(e)}")' in inspect.getsource(execution)
-    configure_kopf(kopf.OperatorSettings(), OperatorSettings())
-    configure_kopf(kopf.OperatorSettings(), OperatorSettings())  # idempotent: one filter
-    kopf_logger = logging.getLogger("kopf.objects")
-    caplog.set_level(logging.DEBUG)
-    with pytest.raises(kopf.TemporaryError) as waiting:
-        raise_for(Outcome(ReconcileResult.WAITING, "waiting for pods: 0/2 replicas ready", retry_after=5))
-    kopf_logger.error(f"Handler 'created' failed temporarily: {waiting.value}")
-    record = caplog.records[-1]
-    assert record.levelno == logging.INFO
-    assert (
-        record.getMessage()
-        == "Handler 'created' waits, retrying in 5 s: waiting for pods: 0/2 replicas ready"
-    )
-    with pytest.raises(kopf.TemporaryError) as failing:
-        raise_for(Outcome(ReconcileResult.ERROR, "HTTP 500 InternalError: etcd", retry_after=3))
-    kopf_logger.error(f"Handler 'created' failed temporarily: {failing.value}")
-    assert caplog.records[-1].levelno == logging.ERROR
-    assert len(caplog.records) == 2
+def test_a_worker_logs_each_new_outcome_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="mooncake_operator.reconcile")
+    waiting = Outcome(ReconcileResult.WAITING, "waiting for pods: 0/2 replicas ready", retry_after=5)
+    log_outcome("ns", "demo", waiting, None)
+    log_outcome("ns", "demo", waiting, waiting)  # unchanged: not logged again
+    log_outcome("ns", "demo", Outcome(ReconcileResult.READY, "serving"), waiting)
+    log_outcome("ns", "demo", Outcome(ReconcileResult.ERROR, "HTTP 500 InternalError: etcd", 3), waiting)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, "ns/demo waiting: waiting for pods: 0/2 replicas ready; retrying in 5 s"),
+        (logging.WARNING, "ns/demo error: HTTP 500 InternalError: etcd; retrying in 3 s"),
+    ]

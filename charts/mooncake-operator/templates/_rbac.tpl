@@ -32,8 +32,8 @@ kubelet resolves), no kopf peering objects (the operator runs standalone).
 in each watched namespace. `create` next to `patch`: a server-side apply that creates an object is
 authorized as a create. */}}
 {{- define "mooncake-operator.applicationRules" -}}
-# The custom resource: kopf watches it and patches its finalizer and annotations; the reconcile reads
-# it fresh before acting.
+# The custom resource: kopf and the operator's watch cache watch it; kopf patches its finalizer; the
+# reconcile reads it from the API server only after a conflict (or before the watch has delivered it).
 - apiGroups: ["serving.mooncake-operator.dev"]
   resources: ["mooncakeservings"]
   verbs: ["get", "list", "watch", "patch"]
@@ -43,24 +43,25 @@ authorized as a create. */}}
   verbs: ["patch"]
 # Children, applied server-side: the store config and NAME-last-good ConfigMaps, the master, headless
 # and client Services, the master Deployment and the replica StatefulSet, the replicas'
-# PodDisruptionBudget and the master's and replicas' NetworkPolicies.
+# PodDisruptionBudget and the master's and replicas' NetworkPolicies. Read only through the watch cache
+# (list + watch, selected by the managed-by label); no single GETs.
 - apiGroups: [""]
   resources: ["configmaps", "services"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "patch"]
-# Replica and master pods: readiness, pod UIDs and restarts (canary triggers), and the traffic label
-# that takes a replica out of the client Service when the canary blames it.
+  verbs: ["list", "watch", "create", "patch"]
+# Replica and master pods (watched): readiness, pod UIDs and restarts (canary triggers), and the
+# traffic label that takes a replica out of the client Service when the canary blames it.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "patch"]
+  verbs: ["list", "watch", "patch"]
 # An event on every phase transition.
 - apiGroups: [""]
   resources: ["events"]

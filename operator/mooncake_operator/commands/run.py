@@ -66,8 +66,28 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help='YAML map "<namespace>/<name>": [url, ...] overriding the HA masters\' admin URLs (by ordinal)',
     )
-    parser.add_argument("--resync-seconds", type=float, default=30.0, metavar="S")
-    parser.add_argument("--retry-delay-seconds", type=float, default=10.0, metavar="S")
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="re-check every resource this often even without a change (default: 600; changes to a "
+        "resource, its children and pods trigger a reconcile at once through watches)",
+    )
+    parser.add_argument(
+        "--retry-delay-seconds",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="retry after the API server refused or did not answer (default: 10)",
+    )
+    parser.add_argument(
+        "--max-concurrent-canaries",
+        type=int,
+        default=8,
+        metavar="N",
+        help="canaries running at once across all resources (default: 8)",
+    )
     parser.add_argument("--inconclusive-retry-seconds", type=float, default=60.0, metavar="S")
     parser.add_argument("--request-timeout-seconds", type=float, default=30.0, metavar="S")
     parser.add_argument("--watch-timeout-seconds", type=float, default=300.0, metavar="S")
@@ -106,6 +126,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         replica_endpoints=endpoints,
         master_endpoints=masters,
         resync_seconds=args.resync_seconds,
+        max_concurrent_canaries=args.max_concurrent_canaries,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,
         request_timeout_seconds=args.request_timeout_seconds,

@@ -2,8 +2,13 @@
 
 A child is written when it is missing, when its `applied-hash` annotation (a digest of the rendered
 manifest) differs from the freshly rendered one (the spec changed, including fields that were removed),
-or when a field the operator sets no longer holds the rendered value (someone edited it: drift). So a
-reconcile with nothing to change reads each child once and writes nothing.
+or when a field the operator sets no longer holds the rendered value (someone edited it: drift). The live
+children come from the watch cache, so a reconcile with nothing to change reads and writes nothing.
+
+Stale-cache safety: what is applied is rendered from the spec alone; the cached child only decides
+*whether* to apply. Server-side apply sets only the fields this manager owns (`force` takes back only
+those), so an apply made from a cache that missed someone's newer edit cannot remove fields the editor
+owns; an edit of a field the operator owns is drift, put back by design.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from mooncake_operator import api
 from mooncake_operator.kube import KubeApiError, KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.reconcile.cache import WatchCache
 from mooncake_operator.render import LABEL_MANAGED_BY, MANAGED_BY, ChildRef
 
 Manifest = dict[str, Any]
@@ -130,19 +136,19 @@ class AppliedChild:
     why: str | None  # None: already as rendered, nothing written
 
 
-async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> list[AppliedChild]:
+async def ensure_children(
+    kube: KubeClient, cache: WatchCache, manifests: Sequence[Manifest]
+) -> list[AppliedChild]:
     """Apply, in order, each child that needs it; returns what happened to each.
 
-    Every child is read before any is written, so a change the API server would refuse on one child
-    (ImmutableChangeError) leaves all of them as they were.
+    Every child is read (from the watch cache) before any is written, so a change the API server would
+    refuse on one child (ImmutableChangeError) leaves all of them as they were.
     """
     pairs = []
     for manifest in manifests:
         desired = with_applied_hash(manifest)
         metadata = desired["metadata"]
-        live = await kube.get_or_none(
-            desired["apiVersion"], desired["kind"], metadata["name"], metadata.get("namespace")
-        )
+        live = cache.get(desired["apiVersion"], desired["kind"], metadata["namespace"], metadata["name"])
         pairs.append((desired, live))
     problems = [problem for desired, live in pairs for problem in immutable_changes(desired, live)]
     if problems:
@@ -159,12 +165,15 @@ async def ensure_children(kube: KubeClient, manifests: Sequence[Manifest]) -> li
     return results
 
 
-async def scale_down_retired(kube: KubeClient, namespace: str, refs: Sequence[ChildRef]) -> list[ChildRef]:
+async def scale_down_retired(
+    kube: KubeClient, cache: WatchCache, namespace: str, refs: Sequence[ChildRef]
+) -> list[ChildRef]:
     """Scale to zero the workloads the spec no longer renders (e.g. the single master's Deployment after a
-    switch to highly available masters) when they exist, are this operator's and still run pods."""
+    switch to highly available masters) when they exist, are this operator's and still run pods (the
+    watch cache holds only objects labelled as this operator's)."""
     scaled = []
     for ref in refs:
-        live = await kube.get_or_none(ref.api_version, ref.kind, ref.name, namespace)
+        live = cache.get(ref.api_version, ref.kind, namespace, ref.name)
         if live is None:
             continue
         labels = (live.get("metadata") or {}).get("labels") or {}

@@ -1,8 +1,9 @@
 """One reconcile of a MooncakeServing: validate -> render -> apply -> readiness -> canary -> status.
 
-Level-based and kopf-free: the change handlers and the resync timer call `reconcile`, which reads the
-resource fresh, does what the present state asks, and returns an `Outcome` that the handlers turn into
-kopf's retry semantics. Reconciles of one resource are serialized by a per-resource lock.
+Level-based and kopf-free: each resource's worker (`reconcile.worker`) calls `reconcile`, which reads the
+resource, its children and pods from the watch cache (`reconcile.cache`), has `plan` decide, applies and
+writes what it decided, and returns an `Outcome` saying when to look again. Reconciles of one resource
+are serialized by a per-resource lock; canaries across resources by `--max-concurrent-canaries`.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeClient, KubeError
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import FIELD_MANAGER, OperatorSettings
 from mooncake_operator.reconcile import leader, plan, proof, status
+from mooncake_operator.reconcile.cache import MANAGED_SELECTOR, PDB_KIND, Wakes, WatchCache, WatchedKind
 from mooncake_operator.reconcile.children import (
     ApplyError,
     ImmutableChangeError,
@@ -41,6 +43,9 @@ from mooncake_operator.reconcile.traffic import set_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 
+# A status write refused because the resource changed since it was read: re-read it and try again.
+CONFLICT_ATTEMPTS = 3
+
 _STATUS_FIELDS = frozenset(info.alias or name for name, info in MooncakeServingStatus.model_fields.items())
 
 
@@ -50,27 +55,49 @@ def utc_now() -> datetime:
 
 @dataclass
 class Runtime:
-    """What every reconcile shares: settings, the API client, the canary's HTTP client, metrics."""
+    """What every reconcile shares: settings, the API client, the watch cache, the canary's HTTP client,
+    metrics, and the workers' wake-up flags."""
 
     settings: OperatorSettings
     kube: KubeClient
+    cache: WatchCache
     http: httpx.AsyncClient
     metrics: OperatorMetrics
+    wakes: Wakes
+    canary_slots: asyncio.Semaphore
     clock: Callable[[], datetime] = utc_now
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _policy_api_version: str | None = None
 
     @classmethod
-    def start(cls, settings: OperatorSettings) -> Runtime:
-        kube = KubeClient(
+    def start(cls, settings: OperatorSettings, kube: KubeClient | None = None) -> Runtime:
+        """Creates the clients (or takes `kube`) and starts the watches (in the running event loop)."""
+        kube = kube or KubeClient(
             settings.kube_config(), timeout=settings.request_timeout_seconds, kinds=[SERVING_KIND]
         )
+        wakes = Wakes()
+        cache = WatchCache(
+            kube,
+            namespaces=settings.namespaces,
+            on_change=wakes.poke,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+        )
+        kube.on_write = cache.remember  # read-your-writes: the next reconcile sees what this one wrote
+        cache.start()
         # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
         metrics.count_requests(lambda: dict(kube.counts.by_verb))
-        runtime = cls(settings=settings, kube=kube, http=http, metrics=metrics)
+        runtime = cls(
+            settings=settings,
+            kube=kube,
+            cache=cache,
+            http=http,
+            metrics=metrics,
+            wakes=wakes,
+            canary_slots=asyncio.Semaphore(settings.max_concurrent_canaries),
+        )
         if settings.metrics_port:
             runtime.metrics_server = serve(metrics, settings.metrics_host, settings.metrics_port)
         return runtime
@@ -78,6 +105,7 @@ class Runtime:
     async def close(self) -> None:
         if self.metrics_server is not None:
             self.metrics_server.stop()
+        await self.cache.close()
         await self.http.aclose()
         await self.kube.aclose()
 
@@ -85,7 +113,9 @@ class Runtime:
         """policy/v1 where served (Kubernetes >= 1.21), else policy/v1beta1; asked once per process."""
         if self._policy_api_version is None:
             served = await self.kube.served_versions("policy")
-            self._policy_api_version = render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+            version = render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+            await self.cache.watch_kind(WatchedKind(version, PDB_KIND, MANAGED_SELECTOR))
+            self._policy_api_version = version
         return self._policy_api_version
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
@@ -98,10 +128,11 @@ class Runtime:
 
 async def reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     """Reconcile one resource (serialized per resource); counts the outcome."""
+    await runtime.cache.wait_synced()
     started = time.perf_counter()
     try:
         async with runtime.lock(namespace, name):
-            outcome = await _reconcile(runtime, namespace, name)
+            outcome = await _reconcile_fresh_on_conflict(runtime, namespace, name)
     except KubeError as error:
         # The API server refused or did not answer: retried soon (kopf's default for errors is a minute).
         logger.warning("%s/%s: %s", namespace, name, error)
@@ -115,9 +146,35 @@ async def reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     return outcome
 
 
-async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
-    # Fresh, not the event's copy: that may predate this operator's own last status write.
+async def _reconcile_fresh_on_conflict(runtime: Runtime, namespace: str, name: str) -> Outcome:
+    """A status write carries the resourceVersion its decisions were made from; when the resource
+    changed since (the cache was behind), the write is refused: read the resource and start over."""
+    for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        try:
+            return await _reconcile(runtime, namespace, name)
+        except KubeApiError as error:
+            if not error.conflict or attempt == CONFLICT_ATTEMPTS:
+                raise
+            logger.info("%s/%s changed meanwhile (%s); reading it again", namespace, name, error.message)
+            await _read_fresh(runtime, namespace, name)
+    raise AssertionError("unreachable")
+
+
+async def _read_fresh(runtime: Runtime, namespace: str, name: str) -> dict[str, Any] | None:
+    """The resource from the API server, into the cache (only when the cache cannot answer)."""
     body = await runtime.kube.get_or_none(api.API_VERSION, api.KIND, name, namespace)
+    if body is None:
+        runtime.cache.forget(api.API_VERSION, api.KIND, namespace, name)
+    else:
+        runtime.cache.remember(body)
+    return body
+
+
+async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
+    # From the watch cache, which also holds what this operator last wrote (read-your-writes).
+    body = runtime.cache.get(api.API_VERSION, api.KIND, namespace, name)
+    if body is None:  # not seen by the watch yet (just created), or gone
+        body = await _read_fresh(runtime, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return Outcome(ReconcileResult.GONE, "the resource is gone or being deleted")
     state = _StatusWriter(runtime, body)
@@ -151,6 +208,7 @@ class _StatusWriter:
         self.namespace: str = metadata["namespace"]
         self.name: str = metadata["name"]
         self.generation: int | None = metadata.get("generation")
+        self.resource_version: str | None = metadata.get("resourceVersion")
         self.wire = owned_status(body.get("status"))
         self.current = parse_status(self.wire)
         self.now = runtime.clock()
@@ -161,9 +219,17 @@ class _StatusWriter:
         new_wire = status.without_empty_strings(new.to_wire())
         patch = status.merge_patch(self.wire, new_wire)
         if patch:
-            await self.runtime.kube.patch_status(
-                api.API_VERSION, api.KIND, self.name, patch, self.namespace, field_manager=FIELD_MANAGER
+            # Computed against the status this reconcile read: refused (409) if the resource changed since.
+            written = await self.runtime.kube.patch_status(
+                api.API_VERSION,
+                api.KIND,
+                self.name,
+                patch,
+                self.namespace,
+                field_manager=FIELD_MANAGER,
+                resource_version=self.resource_version,
             )
+            self.resource_version = (written.get("metadata") or {}).get("resourceVersion")
         self.current, self.wire = new, new_wire
         ready = find(new.conditions, READY)
         self.runtime.metrics.ready.labels(self.namespace, self.name).set(
@@ -234,15 +300,15 @@ class _Pass:
         )
 
     async def run(self) -> Outcome:
-        last_good, refused = await read_verified_last_good(
-            self.kube, self.resource, self.state.current.last_good_revision
+        last_good, refused = read_verified_last_good(
+            self.runtime.cache, self.resource, self.state.current.last_good_revision
         )
         choice = plan.choose_revision(self.resource, self.state.current, last_good)
         serving = self.resource.model_copy(update={"spec": choice.spec})
         policy = await self.runtime.policy_api_version()
         manifests = render.render_all(serving, owner_uid=self.uid, policy_api_version=policy)
         try:
-            applied = await ensure_children(self.kube, manifests)
+            applied = await ensure_children(self.kube, self.runtime.cache, manifests)
         except ImmutableChangeError as error:
             return await self.state.invalid(error.problems)
         except ApplyError as error:
@@ -252,8 +318,10 @@ class _Pass:
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
             # Only a change of the rendered children can retire others (so no reads when idle).
-            await scale_down_retired(self.kube, self.namespace, render.retired_workloads(serving))
-        observation = await self.observe_leader(serving, await observe(self.kube, serving))
+            await scale_down_retired(
+                self.kube, self.runtime.cache, self.namespace, render.retired_workloads(serving)
+            )
+        observation = await self.observe_leader(serving, observe(self.runtime.cache, serving))
         inputs = plan.Inputs(
             resource=self.resource,
             current=self.state.current,
@@ -326,7 +394,8 @@ class _Pass:
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
-        result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
+        async with self.runtime.canary_slots:
+            result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )

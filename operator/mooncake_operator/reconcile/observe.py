@@ -14,7 +14,7 @@ from typing import Any
 
 from mooncake_operator import render
 from mooncake_operator.api import MooncakeServing
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.reconcile.cache import WatchCache
 
 REVISION_LABEL = "controller-revision-hash"
 
@@ -147,6 +147,7 @@ def replica_state(
         for info in current
         if info is not None and info.ready and not info.terminating and info.revision == update_revision
     ]
+    ready_names = {info.name for info in ready}
     missing = [
         name for name, info in zip(render.replica_pod_names(resource), current, strict=True) if not info
     ]
@@ -160,7 +161,7 @@ def replica_state(
     unready = [
         info.name
         for info in current
-        if info is not None and info.revision == update_revision and info not in ready
+        if info is not None and info.revision == update_revision and info.name not in ready_names
     ]
     if unready:
         problems.append(f"not ready: {', '.join(unready)}")
@@ -172,16 +173,17 @@ def replica_state(
     return ReplicaState(desired, len(ready), not (outdated or extra or missing), message, infos)
 
 
-async def observe(kube: KubeClient, resource: MooncakeServing) -> Observation:
-    """Two GETs and two label-selected LISTs."""
-    names = render.ChildNames.of(resource.metadata.name)
-    namespace = resource.metadata.namespace
+def observe(cache: WatchCache, resource: MooncakeServing) -> Observation:
+    """From the watch cache: the master and replica workloads and the resource's pods, by component."""
+    name, namespace = resource.metadata.name, resource.metadata.namespace
+    names = render.ChildNames.of(name)
     ha = render.ha_enabled(resource)
     master_kind = "StatefulSet" if ha else "Deployment"
-    master_workload = await kube.get_or_none("apps/v1", master_kind, names.master, namespace)
-    stateful_set = await kube.get_or_none("apps/v1", "StatefulSet", names.replicas, namespace)
-    master_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "master"))
-    replica_pods = await kube.list("v1", "Pod", namespace, label_selector=_selector(resource, "replica"))
+    master_workload = cache.get("apps/v1", master_kind, namespace, names.master)
+    stateful_set = cache.get("apps/v1", "StatefulSet", namespace, names.replicas)
+    pods = cache.owned("v1", "Pod", namespace, name)
+    master_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_MASTER]
+    replica_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_REPLICA]
     master = (
         ha_master_rollout_state(resource, master_workload, master_pods)
         if ha
@@ -190,7 +192,5 @@ async def observe(kube: KubeClient, resource: MooncakeServing) -> Observation:
     return Observation(master, replica_state(resource, stateful_set, replica_pods))
 
 
-def _selector(resource: MooncakeServing, which: str) -> str:
-    component = render.COMPONENT_MASTER if which == "master" else render.COMPONENT_REPLICA
-    labels = render.selector(resource, component)
-    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+def _component(pod: Mapping[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(render.LABEL_COMPONENT)

@@ -20,6 +20,7 @@ from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing, MooncakeServingSpec
 from mooncake_operator.kube import KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
+from mooncake_operator.reconcile.cache import WatchCache
 
 REVISION_ANNOTATION = f"{api.GROUP}/revision"
 SPEC_KEY = "spec.json"
@@ -90,18 +91,18 @@ def verified_last_good(
     return stored, None
 
 
-async def read_verified_last_good(
-    kube: KubeClient, resource: MooncakeServing, recorded: str | None
+def read_verified_last_good(
+    cache: WatchCache, resource: MooncakeServing, recorded: str | None
 ) -> tuple[LastGood | None, str | None]:
-    config_map = await kube.get_or_none(
-        "v1", "ConfigMap", config_map_name(resource.metadata.name), resource.metadata.namespace
+    config_map = cache.get(
+        "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)
     )
     return verified_last_good(config_map, recorded)
 
 
-async def read_last_good(kube: KubeClient, resource: MooncakeServing) -> LastGood | None:
-    config_map = await kube.get_or_none(
-        "v1", "ConfigMap", config_map_name(resource.metadata.name), resource.metadata.namespace
+def read_last_good(cache: WatchCache, resource: MooncakeServing) -> LastGood | None:
+    config_map = cache.get(
+        "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)
     )
     return parse_last_good(config_map)
 

@@ -1,0 +1,337 @@
+"""The operator's watch cache: MooncakeServings, their children and their pods, kept by watches.
+
+A reconcile reads its inputs here, never from the API server, so a resync with nothing to change makes
+no request at all. One list-then-watch per kind (and per watched namespace) keeps each store current:
+the children and pods through the server-side label selector `app.kubernetes.io/managed-by`, so only
+the operator's own objects travel. Objects are indexed by their owning resource (`namespace`, the
+`app.kubernetes.io/instance` label; a MooncakeServing owns itself), and every change calls `on_change`
+with that owner, which is how an event on a child (a pod became Ready, a replica was replaced, a child
+was edited or deleted) wakes the owner's reconcile at once.
+
+Why our own watches rather than kopf indexes: the cache also absorbs the objects the operator's own
+writes return (`remember`, wired to `KubeClient.on_write`), so the next reconcile never acts on a state
+older than what it wrote (a kopf index cannot be written to); it stores a projection (no managedFields;
+pods reduced to what readiness reads), which keeps 1,000 resources well inside the memory budget; and
+one event costs one dict update, not a kopf handler invocation, for thousands of objects on few cores.
+
+Stores are monotonic: an object is replaced only by a newer resourceVersion, so a late watch event
+never overwrites what a write returned. (resourceVersions are etcd revisions: integers that grow.
+Kubernetes calls them opaque; when one is not an integer, the newest event wins.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from mooncake_operator import api, render
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeError, Manifest
+
+logger = logging.getLogger("mooncake_operator.cache")
+
+MANAGED_SELECTOR: Final = f"{render.LABEL_MANAGED_BY}={render.MANAGED_BY}"
+RELIST_BACKOFF_SECONDS: Final = 1.0
+# A watch the server ends sooner than this is followed after RELIST_BACKOFF_SECONDS, not at once: a
+# proxy that cuts every stream must not make the operator spin.
+SHORT_WATCH_SECONDS: Final = 1.0
+GONE: Final = 410
+
+Key = tuple[str, str]  # namespace, name
+OnChange = Callable[[str, str], None]  # namespace, owner
+
+
+@dataclass(frozen=True)
+class WatchedKind:
+    api_version: str
+    kind: str
+    label_selector: str | None
+
+
+SERVING: Final = WatchedKind(api.API_VERSION, api.KIND, None)
+WATCHED_KINDS: Final = (
+    SERVING,
+    WatchedKind("v1", "ConfigMap", MANAGED_SELECTOR),
+    WatchedKind("v1", "Service", MANAGED_SELECTOR),
+    WatchedKind("apps/v1", "Deployment", MANAGED_SELECTOR),
+    WatchedKind("apps/v1", "StatefulSet", MANAGED_SELECTOR),
+    WatchedKind("v1", "Pod", MANAGED_SELECTOR),
+    WatchedKind("networking.k8s.io/v1", "NetworkPolicy", MANAGED_SELECTOR),
+)
+# Its API version depends on the server (policy/v1 from 1.21): watched once discovery has said which.
+PDB_KIND: Final = "PodDisruptionBudget"
+
+
+def version_number(resource_version: str | None) -> int | None:
+    try:
+        return int(resource_version) if resource_version else None
+    except ValueError:
+        return None
+
+
+def is_older(candidate: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether `candidate` is an older version of the object than `stored` (never when unknowable)."""
+    new = version_number((candidate.get("metadata") or {}).get("resourceVersion"))
+    old = version_number((stored.get("metadata") or {}).get("resourceVersion"))
+    return new is not None and old is not None and new < old
+
+
+def project(obj: Mapping[str, Any]) -> Manifest:
+    """What the cache keeps of an object: all but managedFields; of a pod, only what readiness reads
+    (`observe.pod_info`: name, uid, labels, deletion, Ready, restart counts)."""
+    metadata = {key: value for key, value in (obj.get("metadata") or {}).items() if key != "managedFields"}
+    if obj.get("kind") != "Pod":
+        return {**obj, "metadata": metadata}
+    status = obj.get("status") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": "Pod",
+        "metadata": {
+            key: metadata[key]
+            for key in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
+            if key in metadata
+        },
+        "status": {
+            "conditions": [
+                {"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []
+            ],
+            "containerStatuses": [
+                {"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
+                for c in status.get("containerStatuses") or []
+            ],
+        },
+    }
+
+
+def owner_of(obj: Mapping[str, Any]) -> str | None:
+    """The MooncakeServing an object belongs to: itself, or the one its instance label names."""
+    metadata = obj.get("metadata") or {}
+    if obj.get("kind") == api.KIND:
+        return metadata.get("name")
+    return (metadata.get("labels") or {}).get(render.LABEL_INSTANCE)
+
+
+@dataclass
+class Store:
+    """The objects of one kind, by (namespace, name) and by owner; each change reports the owner."""
+
+    on_change: OnChange
+    objects: dict[Key, Manifest] = field(default_factory=dict)
+    by_owner: dict[Key, set[str]] = field(default_factory=dict)
+
+    def get(self, namespace: str, name: str) -> Manifest | None:
+        return self.objects.get((namespace, name))
+
+    def owned(self, namespace: str, owner: str) -> list[Manifest]:
+        names = self.by_owner.get((namespace, owner), ())
+        return [self.objects[(namespace, name)] for name in sorted(names)]
+
+    def put(self, obj: Mapping[str, Any]) -> bool:
+        """Store `obj` unless the stored version is as new; True (and the owner told) when it changed."""
+        metadata = obj.get("metadata") or {}
+        key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+        stored = self.objects.get(key)
+        if stored is not None and (
+            is_older(obj, stored)
+            or metadata.get("resourceVersion") == stored["metadata"].get("resourceVersion")
+        ):
+            return False
+        if stored is not None:
+            self._unindex(key, stored)
+        projected = project(obj)
+        self.objects[key] = projected
+        owner = owner_of(projected)
+        if owner:
+            self.by_owner.setdefault((key[0], owner), set()).add(key[1])
+            self.on_change(key[0], owner)
+        return True
+
+    def delete(self, obj: Mapping[str, Any]) -> None:
+        metadata = obj.get("metadata") or {}
+        key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+        stored = self.objects.get(key)
+        if stored is None or is_older(obj, stored):
+            return  # already gone, or a newer object of that name was stored meanwhile
+        del self.objects[key]
+        self._unindex(key, stored)
+        owner = owner_of(stored)
+        if owner:
+            self.on_change(key[0], owner)
+
+    def replace(self, items: Iterable[Mapping[str, Any]], namespace: str | None, version: str) -> None:
+        """A fresh list (of one namespace, or of all): what it lacks is gone, unless stored after it."""
+        listed: set[Key] = set()
+        for item in items:
+            metadata = item.get("metadata") or {}
+            listed.add((str(metadata.get("namespace") or ""), str(metadata.get("name") or "")))
+            self.put(item)
+        snapshot = {"metadata": {"resourceVersion": version}}
+        for key, stored in list(self.objects.items()):
+            in_scope = namespace is None or key[0] == namespace
+            if in_scope and key not in listed and not is_older(snapshot, stored):
+                self.delete(stored)
+
+    def _unindex(self, key: Key, stored: Manifest) -> None:
+        owner = owner_of(stored)
+        if owner:
+            names = self.by_owner.get((key[0], owner))
+            if names is not None:
+                names.discard(key[1])
+                if not names:
+                    del self.by_owner[(key[0], owner)]
+
+
+@dataclass
+class Wakes:
+    """One wake-up flag per running worker, by (namespace, name)."""
+
+    events: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
+
+    def register(self, namespace: str, name: str) -> asyncio.Event:
+        return self.events.setdefault((namespace, name), asyncio.Event())
+
+    def unregister(self, namespace: str, name: str) -> None:
+        self.events.pop((namespace, name), None)
+
+    def poke(self, namespace: str, name: str) -> None:
+        event = self.events.get((namespace, name))
+        if event is not None:
+            event.set()
+
+
+class WatchCache:
+    """Stores for every watched kind, kept current by one list-then-watch per kind and namespace."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        *,
+        namespaces: tuple[str, ...],
+        on_change: OnChange,
+        watch_timeout_seconds: float = 300.0,
+        kinds: tuple[WatchedKind, ...] = WATCHED_KINDS,
+    ) -> None:
+        self.kube = kube
+        self.namespaces: tuple[str | None, ...] = namespaces or (None,)
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.kinds = kinds
+        self._on_change = on_change
+        self.stores = {(k.api_version, k.kind): Store(on_change) for k in kinds}
+        self._listed: set[tuple[WatchedKind, str | None]] = set()
+        self._synced = asyncio.Event()
+        self._kind_listed: dict[WatchedKind, asyncio.Event] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Starts the watches (in the running event loop)."""
+        for kind in self.kinds:
+            for namespace in self.namespaces:
+                self._tasks.append(asyncio.create_task(self._follow(kind, namespace)))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def wait_synced(self) -> None:
+        """Returns once every store holds a complete first list."""
+        await self._synced.wait()
+
+    async def watch_kind(self, kind: WatchedKind) -> None:
+        """Adds a kind known only at run time (once), and returns when its first list is in."""
+        if (kind.api_version, kind.kind) not in self.stores:
+            self.kinds = (*self.kinds, kind)
+            self.stores[(kind.api_version, kind.kind)] = Store(self._on_change)
+            for namespace in self.namespaces:
+                self._tasks.append(asyncio.create_task(self._follow(kind, namespace)))
+        await self._kind_listed.setdefault(kind, asyncio.Event()).wait()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Manifest | None:
+        return self.stores[(api_version, kind)].get(namespace, name)
+
+    def owned(self, api_version: str, kind: str, namespace: str, owner: str) -> list[Manifest]:
+        """The objects of `kind` that belong to the MooncakeServing `owner`, by name."""
+        return self.stores[(api_version, kind)].owned(namespace, owner)
+
+    def remember(self, obj: Mapping[str, Any]) -> None:
+        """An object an API call returned (a write, or a read after a conflict): stored if newer."""
+        store = self.stores.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
+        if store is not None and (obj.get("metadata") or {}).get("namespace"):
+            store.put(obj)
+
+    def forget(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """An object a read found missing."""
+        store = self.stores[(api_version, kind)]
+        stored = store.get(namespace, name)
+        if stored is not None:
+            store.delete(stored)
+
+    async def _follow(self, kind: WatchedKind, namespace: str | None) -> None:
+        store = self.stores[(kind.api_version, kind.kind)]
+        version: str | None = None
+        while True:
+            try:
+                if version is None:
+                    items, version = await self.kube.list_snapshot(
+                        kind.api_version, kind.kind, namespace, label_selector=kind.label_selector
+                    )
+                    store.replace(items, namespace, version)
+                    self._mark_listed(kind, namespace)
+                started = time.monotonic()
+                version = await self._watch(kind, namespace, store, version)
+                if time.monotonic() - started < SHORT_WATCH_SECONDS:
+                    await asyncio.sleep(RELIST_BACKOFF_SECONDS)
+            except KubeError as error:
+                logger.warning("watch %s %s: %s; retrying", kind.kind, namespace or "(all)", error)
+                if isinstance(error, KubeApiError) and error.status == GONE:
+                    version = None
+                await asyncio.sleep(RELIST_BACKOFF_SECONDS)
+            except Exception:
+                # A bug, not the API server: logged, and the kind listed afresh (the cache must not stop).
+                logger.exception("watch %s %s failed; listing again", kind.kind, namespace or "(all)")
+                version = None
+                await asyncio.sleep(RELIST_BACKOFF_SECONDS)
+
+    async def _watch(
+        self, kind: WatchedKind, namespace: str | None, store: Store, version: str
+    ) -> str | None:
+        """Follows one watch request; returns the version to continue from (None: list again)."""
+        async for event in self.kube.watch(
+            kind.api_version,
+            kind.kind,
+            namespace,
+            resource_version=version,
+            label_selector=kind.label_selector,
+            timeout_seconds=int(self.watch_timeout_seconds),
+        ):
+            kind_of_event, obj = event.get("type"), event.get("object") or {}
+            if kind_of_event == "ERROR":
+                if obj.get("code") == GONE:  # too old to continue from: list again
+                    return None
+                raise KubeApiError(
+                    int(obj.get("code") or 500), str(obj.get("reason")), str(obj.get("message"))
+                )
+            version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+            if kind_of_event == "DELETED":
+                store.delete(obj)
+            elif kind_of_event in ("ADDED", "MODIFIED"):
+                store.put(obj)
+        return version
+
+    def _mark_listed(self, kind: WatchedKind, namespace: str | None) -> None:
+        self._listed.add((kind, namespace))
+        if all((kind, ns) in self._listed for ns in self.namespaces):
+            self._kind_listed.setdefault(kind, asyncio.Event()).set()
+        if all((k, ns) in self._listed for k in self.kinds for ns in self.namespaces):
+            self._synced.set()

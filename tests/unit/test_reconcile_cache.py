@@ -1,0 +1,214 @@
+"""The watch cache without a cluster: monotonic stores indexed by owner, projections, relists, and the
+list-then-watch loop against a scripted API server; the worker's timers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+
+from mooncake_operator import api, render
+from mooncake_operator.crd import SERVING_KIND
+from mooncake_operator.kube import KubeClient, KubeConfig
+from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.operator_settings import OperatorSettings
+from mooncake_operator.reconcile import Outcome, Runtime
+from mooncake_operator.reconcile.cache import SERVING, Store, WatchCache, WatchedKind, project
+from mooncake_operator.reconcile.worker import interval_due_in, next_delay
+
+pytestmark = pytest.mark.unit
+
+
+def pod(name: str, version: str, *, owner: str = "demo", ready: bool = False) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "resourceVersion": version,
+            "labels": {render.LABEL_INSTANCE: owner, render.LABEL_COMPONENT: render.COMPONENT_REPLICA},
+            "managedFields": [{"manager": "kubelet"}],
+            "ownerReferences": [{"kind": "StatefulSet"}],
+        },
+        "spec": {"containers": [{"name": "vllm", "image": "x"}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "r"}],
+            "containerStatuses": [{"name": "vllm", "restartCount": 2, "image": "x"}],
+        },
+    }
+
+
+def recording_store() -> tuple[Store, list[tuple[str, str]]]:
+    changes: list[tuple[str, str]] = []
+    return Store(lambda namespace, owner: changes.append((namespace, owner))), changes
+
+
+def test_a_store_keeps_the_newest_version_and_reports_each_change_to_the_owner() -> None:
+    store, changes = recording_store()
+    assert store.put(pod("demo-replica-0", "10"))
+    assert not store.put(pod("demo-replica-0", "10"))  # the echo of what was stored: no change
+    assert not store.put(pod("demo-replica-0", "9", ready=True))  # older: ignored
+    assert store.put(pod("demo-replica-0", "11", ready=True))
+    assert changes == [("ns", "demo"), ("ns", "demo")]
+    assert [p["metadata"]["resourceVersion"] for p in store.owned("ns", "demo")] == ["11"]
+    assert store.owned("ns", "other") == []
+
+
+def test_a_delete_older_than_the_stored_object_is_ignored() -> None:
+    store, changes = recording_store()
+    store.put(pod("demo-replica-0", "12"))
+    store.delete(pod("demo-replica-0", "11"))  # a stale delete: a newer object of that name exists
+    assert store.get("ns", "demo-replica-0") is not None
+    store.delete(pod("demo-replica-0", "13"))
+    assert store.get("ns", "demo-replica-0") is None and store.owned("ns", "demo") == []
+    assert changes == [("ns", "demo"), ("ns", "demo")]
+
+
+def test_a_relist_drops_what_it_lacks_but_keeps_what_was_stored_after_it() -> None:
+    store, changes = recording_store()
+    store.put(pod("demo-replica-0", "5"))
+    store.put(pod("demo-replica-1", "6", owner="other"))
+    store.put(pod("demo-replica-2", "30"))  # e.g. a write's answer, newer than the list below
+    store.replace([pod("demo-replica-0", "5")], None, "20")
+    assert store.get("ns", "demo-replica-1") is None
+    assert store.get("ns", "demo-replica-2") is not None
+    assert ("ns", "other") in changes
+
+
+def test_pods_are_kept_as_what_readiness_reads_and_other_objects_without_managed_fields() -> None:
+    kept = project(pod("demo-replica-0", "3", ready=True))
+    assert kept["metadata"] == {
+        "name": "demo-replica-0",
+        "namespace": "ns",
+        "uid": "uid-demo-replica-0",
+        "resourceVersion": "3",
+        "labels": {render.LABEL_INSTANCE: "demo", render.LABEL_COMPONENT: render.COMPONENT_REPLICA},
+    }
+    assert kept["status"] == {
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "vllm", "restartCount": 2}],
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "managedFields": []}}
+    assert project(service) == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
+
+
+def scripted_api(lists: dict[str, Any], watches: dict[str, list[bytes]]) -> httpx.MockTransport:
+    """Lists by path; each watch of a path streams the next scripted body (then nothing)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        path = request.url.path
+        if request.url.params.get("watch") == "true":
+            bodies = watches.get(path) or [b""]
+            return httpx.Response(200, content=bodies.pop(0) if len(bodies) > 1 else bodies[0])
+        return httpx.Response(200, json=lists[path])
+
+    return httpx.MockTransport(answer)
+
+
+def lines(*events: dict[str, Any]) -> bytes:
+    return b"".join(json.dumps(event).encode() + b"\n" for event in events)
+
+
+async def test_the_cache_lists_then_follows_the_watch_and_relists_when_the_version_is_gone() -> None:
+    pods_path = "/api/v1/namespaces/ns/pods"
+    lists = {pods_path: {"items": [pod("demo-replica-0", "5")], "metadata": {"resourceVersion": "7"}}}
+    watches = {
+        pods_path: [
+            lines(
+                {"type": "MODIFIED", "object": pod("demo-replica-0", "8", ready=True)},
+                {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+                {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}},
+            ),
+        ]
+    }
+    changes: list[tuple[str, str]] = []
+    kube = KubeClient(KubeConfig(server="https://127.0.0.1:1"), transport=scripted_api(lists, watches))
+    cache = WatchCache(
+        kube,
+        namespaces=("ns",),
+        on_change=lambda namespace, owner: changes.append((namespace, owner)),
+        kinds=(WatchedKind("v1", "Pod", "app.kubernetes.io/managed-by=mooncake-operator"),),
+    )
+    cache.start()
+    try:
+        await asyncio.wait_for(cache.wait_synced(), 5)
+        for _ in range(100):
+            if kube.counts.by_verb["list"] >= 2:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await cache.close()
+        await kube.aclose()
+    stored = cache.get("v1", "Pod", "ns", "demo-replica-0")
+    assert stored is not None and stored["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+    assert kube.counts.by_verb["list"] >= 2  # the 410 made it list again
+    assert kube.counts.by_verb["watch"] >= 1
+    assert changes[:2] == [("ns", "demo"), ("ns", "demo")]
+
+
+async def test_the_cache_absorbs_the_answers_of_writes() -> None:
+    lists = {"/api/v1/namespaces/ns/pods": {"items": [], "metadata": {"resourceVersion": "1"}}}
+    kube = KubeClient(KubeConfig(server="https://127.0.0.1:1"), transport=scripted_api(lists, {}))
+    cache = WatchCache(
+        kube, namespaces=("ns",), on_change=lambda *_: None, kinds=(WatchedKind("v1", "Pod", None),)
+    )
+    cache.remember(pod("demo-replica-0", "4"))
+    cache.remember({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "e", "namespace": "ns"}})
+    assert cache.get("v1", "Pod", "ns", "demo-replica-0") is not None
+    cache.forget("v1", "Pod", "ns", "demo-replica-0")
+    assert cache.get("v1", "Pod", "ns", "demo-replica-0") is None
+    await kube.aclose()
+
+
+def serving_body(interval: int | None, finished: datetime | None) -> dict[str, Any]:
+    canary: dict[str, Any] = {} if interval is None else {"intervalSeconds": interval}
+    status = {} if finished is None else {"canary": {"finishedAt": finished.strftime("%Y-%m-%dT%H:%M:%SZ")}}
+    return {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "3"},
+        "spec": {"canary": canary},
+        "status": status,
+    }
+
+
+def test_the_canary_interval_is_due_counted_from_the_last_finished_run() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert interval_due_in(serving_body(60, now - timedelta(seconds=45)), now) == 15
+    assert interval_due_in(serving_body(60, now - timedelta(seconds=75)), now) is None  # just handled
+    assert interval_due_in(serving_body(None, now), now) is None
+    assert interval_due_in(serving_body(60, None), now) is None
+    assert interval_due_in(None, now) is None
+
+
+async def test_the_worker_sleeps_until_its_first_timer() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.params.get("watch") == "true":
+            return httpx.Response(200, content=b"")
+        return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    config = KubeConfig(server="https://127.0.0.1:1", token="t")
+    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
+    settings = OperatorSettings(kube=config, metrics_port=0, resync_seconds=600)
+    runtime = Runtime.start(settings, kube)
+    runtime.clock = lambda: now
+    try:
+        ready = Outcome(ReconcileResult.READY)
+        assert next_delay(runtime, "ns", "demo", ready) == 600
+        # Waiting: pods arrive through the watches, but a leading HA master does not (asked over HTTP).
+        waiting = Outcome(ReconcileResult.WAITING, retry_after=10)
+        assert next_delay(runtime, "ns", "demo", waiting) == 10
+        assert next_delay(runtime, "ns", "demo", Outcome(ReconcileResult.ERROR, retry_after=10)) == 10
+        runtime.cache.remember(serving_body(60, now - timedelta(seconds=20)))
+        assert runtime.cache.get(*(SERVING.api_version, SERVING.kind), "ns", "demo") is not None
+        assert next_delay(runtime, "ns", "demo", ready) == 40
+    finally:
+        await runtime.close()
