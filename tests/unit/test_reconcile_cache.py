@@ -210,5 +210,11 @@ async def test_the_worker_sleeps_until_its_first_timer() -> None:
         runtime.cache.remember(serving_body(60, now - timedelta(seconds=20)))
         assert runtime.cache.get(*(SERVING.api_version, SERVING.kind), "ns", "demo") is not None
         assert next_delay(runtime, "ns", "demo", ready) == 40
+        # Highly available masters: the leader is asked over HTTP, so it is looked at every 30 s.
+        ha = serving_body(None, None)
+        ha["metadata"]["resourceVersion"] = "99"
+        ha["spec"]["store"] = {"master": {"highAvailability": {"enabled": True}}}
+        runtime.cache.remember(ha)
+        assert next_delay(runtime, "ns", "demo", ready) == 30
     finally:
         await runtime.close()

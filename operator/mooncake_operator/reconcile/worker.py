@@ -3,7 +3,7 @@
 A worker reconciles its resource, then sleeps until the first of: a change to the resource or one of
 its children or pods (the watch cache calls `Wakes.poke` with the owner), the delay its outcome asks for
 (an API error, waiting for pods or a leading master, an inconclusive canary, a rollback's next step), the
-canary interval falling due, or the periodic resync (a safety net only: every Kubernetes input arrives
+canary interval falling due, the leader check of highly available masters, or the periodic resync (a safety net only: every Kubernetes input arrives
 through the watches). Pokes that land while a reconcile runs are kept, so a change made during one
 causes exactly one more; bursts within `COALESCE_SECONDS` cost one reconcile.
 
@@ -29,6 +29,10 @@ from mooncake_operator.reconcile.plan import Outcome
 logger = logging.getLogger("mooncake_operator.reconcile")
 
 COALESCE_SECONDS: Final = 0.05
+# Highly available masters: which one leads is asked over HTTP (`reconcile.leader`), not watched, and a
+# failover need not change any pod; so such a resource is looked at this often (no API request: the
+# reconcile reads the cache), as the 30 s resync did before the watches.
+LEADER_CHECK_SECONDS: Final = 30.0
 T = TypeVar("T")
 
 
@@ -70,6 +74,11 @@ def interval_due_in(body: dict[str, Any] | None, now: datetime) -> float | None:
     return remaining if remaining > 0 else None
 
 
+def has_ha_masters(body: dict[str, Any] | None) -> bool:
+    master = (((body or {}).get("spec") or {}).get("store") or {}).get("master") or {}
+    return bool((master.get("highAvailability") or {}).get("enabled"))
+
+
 def next_delay(runtime: Runtime, namespace: str, name: str, outcome: Outcome) -> float:
     """How long the worker may sleep without a poke."""
     delays = [runtime.settings.resync_seconds]
@@ -79,6 +88,8 @@ def next_delay(runtime: Runtime, namespace: str, name: str, outcome: Outcome) ->
     due = interval_due_in(body, runtime.clock())
     if due is not None:
         delays.append(due)
+    if has_ha_masters(body):
+        delays.append(LEADER_CHECK_SECONDS)
     return max(min(delays), 0.0)
 
 
