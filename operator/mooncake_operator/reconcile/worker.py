@@ -3,9 +3,10 @@
 A worker reconciles its resource, then sleeps until the first of: a change to the resource or one of
 its children or pods (the watch cache calls `Wakes.poke` with the owner), the delay its outcome asks for
 (an API error, waiting for pods or a leading master, an inconclusive canary, a rollback's next step), the
-canary interval falling due, the leader check of highly available masters, or the periodic resync (a safety net only: every Kubernetes input arrives
-through the watches). Pokes that land while a reconcile runs are kept, so a change made during one
-causes exactly one more; bursts within `COALESCE_SECONDS` cost one reconcile.
+canary interval falling due, the leader check of highly available masters, or the periodic resync (a
+safety net only: every Kubernetes input arrives through the watches). Pokes that land while a reconcile
+runs are kept, so a change made during one causes exactly one more; bursts within `COALESCE_SECONDS`
+cost one reconcile.
 
 When kopf stops the worker (the resource was deleted, the operator exits) a reconcile in progress is
 cancelled at once (`until_stopped`): kopf removes the finalizer only after the worker exited, and nothing
