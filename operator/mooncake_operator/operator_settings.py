@@ -52,6 +52,8 @@ class OperatorSettings:
     master_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     resync_seconds: float = 600.0  # a safety net: changes arrive through the watches
     max_concurrent_canaries: int = 8
+    # Highly available masters: who leads is asked over HTTP, not watched (a failover need not change a pod).
+    leader_check_seconds: float = 30.0
     retry_delay_seconds: float = 10.0
     inconclusive_retry_seconds: float = 60.0
     request_timeout_seconds: float = 30.0
@@ -60,6 +62,7 @@ class OperatorSettings:
     def __post_init__(self) -> None:
         for name in (
             "resync_seconds",
+            "leader_check_seconds",
             "retry_delay_seconds",
             "inconclusive_retry_seconds",
             "request_timeout_seconds",

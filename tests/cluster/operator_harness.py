@@ -239,6 +239,7 @@ def operator_settings(plane: ControlPlane, namespace: str, **changes: Any) -> Op
         metrics_port=0,
         # The default's order of magnitude: every reaction a test waits for must come from the watches.
         resync_seconds=600.0,
+        leader_check_seconds=1.0,  # fake masters change leader without a pod event
         retry_delay_seconds=0.5,
         inconclusive_retry_seconds=2.0,
         request_timeout_seconds=10.0,

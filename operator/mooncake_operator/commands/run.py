@@ -88,6 +88,14 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="canaries running at once across all resources (default: 8)",
     )
+    parser.add_argument(
+        "--leader-check-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="ask highly available masters which one leads at least this often (default: 30; a failover "
+        "need not change any pod, so no watch reports it)",
+    )
     parser.add_argument("--inconclusive-retry-seconds", type=float, default=60.0, metavar="S")
     parser.add_argument("--request-timeout-seconds", type=float, default=30.0, metavar="S")
     parser.add_argument("--watch-timeout-seconds", type=float, default=300.0, metavar="S")
@@ -127,6 +135,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         master_endpoints=masters,
         resync_seconds=args.resync_seconds,
         max_concurrent_canaries=args.max_concurrent_canaries,
+        leader_check_seconds=args.leader_check_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,
         request_timeout_seconds=args.request_timeout_seconds,

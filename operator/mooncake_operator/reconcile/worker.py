@@ -30,10 +30,6 @@ from mooncake_operator.reconcile.plan import Outcome
 logger = logging.getLogger("mooncake_operator.reconcile")
 
 COALESCE_SECONDS: Final = 0.05
-# Highly available masters: which one leads is asked over HTTP (`reconcile.leader`), not watched, and a
-# failover need not change any pod; so such a resource is looked at this often (no API request: the
-# reconcile reads the cache), as the 30 s resync did before the watches.
-LEADER_CHECK_SECONDS: Final = 30.0
 T = TypeVar("T")
 
 
@@ -90,7 +86,9 @@ def next_delay(runtime: Runtime, namespace: str, name: str, outcome: Outcome) ->
     if due is not None:
         delays.append(due)
     if has_ha_masters(body):
-        delays.append(LEADER_CHECK_SECONDS)
+        # Who leads is asked over HTTP (`reconcile.leader`), not watched, and a failover need not change
+        # any pod. No API request: the reconcile reads the cache.
+        delays.append(runtime.settings.leader_check_seconds)
     return max(min(delays), 0.0)
 
 
