@@ -271,12 +271,12 @@ def compare_answers(cold: ChatAnswer, warm: ChatAnswer) -> tuple[Mismatch | None
     if position is not None:
         mismatch = Mismatch(
             position=position,
-            cold_context=_context(cold_text, position),
-            warm_context=_context(warm_text, position),
+            cold=_context(cold_text, position),
+            warm=_context(warm_text, position),
         )
         problems.append(
             f"warm answer differs from the cold one at character {position}: "
-            f"cold {mismatch.cold_context!r}, warm {mismatch.warm_context!r}"
+            f"cold {mismatch.cold!r}, warm {mismatch.warm!r}"
         )
     if cold.reasoning != warm.reasoning:
         reasoning_position = first_difference(cold.reasoning or "", warm.reasoning or "")
