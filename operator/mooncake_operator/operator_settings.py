@@ -1,7 +1,7 @@
 """Operator-level settings (`mooncake-operator run` flags) and how they become kopf's settings.
 
 These are the operator's own knobs, never fields a resource author controls: where the API server is,
-where the probes listen, how often the level-based timer re-checks, and the replica-endpoint override
+where the probes listen, how often resources are re-checked unchanged, and the replica-endpoint override
 that points canaries at URLs other than the per-replica DNS names (tests, the sandbox).
 """
 
