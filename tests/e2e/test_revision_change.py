@@ -11,35 +11,24 @@ as cold; without it, it loads revision 1's blocks and serves a stale answer (exi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
+from tests.support.sandbox_command import run_sandbox_json
 
 from mooncake_operator.sandbox import Prepared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-COMMAND = [sys.executable, "-m", "mooncake_operator", "sandbox", "--scenario", "revision-change", "--json"]
-
 
 def run(isolation: str) -> tuple[int, dict[str, Any]]:
-    result = subprocess.run(
-        [*COMMAND, "--store-isolation", isolation], capture_output=True, text=True, timeout=1100, check=False
-    )
-    try:
-        outcome = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(
-            f"no JSON outcome (exit {result.returncode}):\n{result.stderr[-4000:]}"
-        ) from None
-    assert "revision_change" in outcome, json.dumps(outcome, indent=1)[-6000:] + result.stderr[-3000:]
+    code, outcome, stderr = run_sandbox_json("--scenario", "revision-change", "--store-isolation", isolation)
+    assert "revision_change" in outcome, json.dumps(outcome, indent=1)[-6000:] + stderr[-3000:]
     change = outcome["revision_change"]
     print(f"revision change: {change['summary']} (wall {outcome.get('wall_s')} s)")
     # Both runs start from the same evidence: the revision-1 replicas shared the unsalted prefix.
     assert change["revision_1_shared"]["external_hit_tokens"] > 0, change
-    return result.returncode, change
+    return code, change
 
 
 # Rerun (reported by pytest) only on the CPU store transport's intermittent stall, docs/sandbox.md.
