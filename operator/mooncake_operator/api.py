@@ -853,6 +853,15 @@ class StoreSpec(ApiModel):
     local_buffer_size: StoreSize = Field(default="4GB", description="Per-worker transfer buffer, e.g. '4GB'.")
     enable_offload: bool = False
     load_async: bool = Field(default=True, description="kv_connector_extra_config.load_async.")
+    isolate_revisions: bool = Field(
+        default=True,
+        description=(
+            "Give replicas a store key namespace per KV-compatibility fingerprint (model and tokenizer "
+            "revision, engine image, block size, tensor parallelism, hash seed, draft model, KV-shaping "
+            "extraArgs) through kv_connector_extra_config.cache_prefix, so a new revision never reads "
+            "blocks an old one stored. Turn off only to reproduce the hazard or to debug."
+        ),
+    )
     metadata_server: Literal["P2PHANDSHAKE"] = "P2PHANDSHAKE"
     master: MasterSpec = Field(default_factory=MasterSpec)
     rdma: RdmaSpec | None = Field(default=None, description="What replica pods need for protocol rdma.")

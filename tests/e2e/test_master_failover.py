@@ -10,28 +10,18 @@ with the failover time printed.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
+from tests.support.sandbox_command import run_sandbox_json
 
 from mooncake_operator.sandbox import Prepared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
-COMMAND = [sys.executable, "-m", "mooncake_operator", "sandbox", "--master-ha", "--json"]
-
 
 def run(*extra: str) -> tuple[int, dict[str, Any], str]:
-    result = subprocess.run([*COMMAND, *extra], capture_output=True, text=True, timeout=1100, check=False)
-    try:
-        outcome = json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(
-            f"no JSON outcome (exit {result.returncode}):\n{result.stderr[-4000:]}"
-        ) from None
-    return result.returncode, outcome, result.stderr
+    return run_sandbox_json("--master-ha", *extra)
 
 
 # Rerun (reported by pytest) only on the CPU store transport's intermittent stall, docs/sandbox.md.

@@ -13,6 +13,8 @@ from mooncake_operator.api import MooncakeServingSpec
 from mooncake_operator.engine_args import (
     SandboxSubstitutions,
     describe_substitutions,
+    kv_fingerprint,
+    kv_shaping_args,
     master_argv,
     replica_launch,
 )
@@ -21,14 +23,34 @@ from mooncake_operator.examples import customer_deployment
 pytestmark = pytest.mark.unit
 
 
-def spec() -> MooncakeServingSpec:
-    return customer_deployment().spec
+def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
+    """The customer's deployment; without the store isolation (default on) it is their command verbatim."""
+    base = customer_deployment().spec
+    store = base.store.model_copy(update={"isolate_revisions": isolate_revisions})
+    return base.model_copy(update={"store": store})
 
 
 def test_production_argv_equals_the_customers_item_by_item() -> None:
     launch = replica_launch(spec(), master_address="10.0.0.10:50051", port=8000)
     assert launch.argv[: len(CUSTOMER_ARGV)] == CUSTOMER_ARGV
     assert launch.argv[len(CUSTOMER_ARGV) :] == ("--host", "0.0.0.0", "--port", "8000")
+
+
+def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> None:
+    assert customer_deployment().spec.store.isolate_revisions
+    isolated = spec(isolate_revisions=True)
+    argv = replica_launch(isolated, master_address="m:1").argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    theirs = json.loads(CUSTOMER_ARGV[CUSTOMER_ARGV.index("--kv-transfer-config") + 1])
+    assert config == {
+        **theirs,
+        "kv_connector_extra_config": {
+            **theirs["kv_connector_extra_config"],
+            "cache_prefix": kv_fingerprint(isolated),
+        },
+    }
+    plain = replica_launch(spec(), master_address="m:1").argv
+    assert [a for a in argv if not a.startswith("{")] == [a for a in plain if not a.startswith("{")]
 
 
 def test_json_flags_have_the_customers_keys_values_and_order() -> None:
@@ -189,3 +211,80 @@ def test_master_argv_defaults_and_overrides() -> None:
         "-metrics_port=6002",
     )
     assert not any("http_metadata" in arg for arg in argv)
+
+
+# --- the KV-compatibility fingerprint (store isolation) ------------------------------------------------
+
+
+def _changed(path: str, value: object) -> MooncakeServingSpec:
+    """The customer's spec with one (camelCase, dotted) field changed, validated like the API does."""
+    document = customer_deployment().spec.to_wire()
+    *parents, leaf = path.split(".")
+    node = document
+    for key in parents:
+        node = node[key]
+    node[leaf] = value
+    return MooncakeServingSpec.model_validate(document)
+
+
+KV_CHANGES = {
+    "model name": ("model.name", "MiniMaxAI/MiniMax-M2.6"),
+    "model revision": ("model.revision", "0" * 40),
+    "tokenizer revision": ("model.tokenizerRevision", "1" * 40),
+    "engine image": ("engine.image", "registry.example/vllm-mooncake:other"),
+    "tensor parallel size": ("engine.tensorParallelSize", 8),
+    "block size": ("engine.blockSize", 32),
+    "hash seed": ("engine.pythonHashSeed", 1),
+    "draft model": ("speculative.model", "someone/other-eagle3"),
+    "draft revision": ("speculative.revision", "2" * 40),
+    "dtype": ("engine.extraArgs", ["--dtype", "float16"]),
+    "dtype (=)": ("engine.extraArgs", ["--dtype=float16"]),
+    "kv cache dtype": ("engine.extraArgs", ["--kv-cache-dtype", "fp8"]),
+    "kv cache dtype (underscores)": ("engine.extraArgs", ["--kv_cache_dtype=fp8"]),
+    "quantization": ("engine.extraArgs", ["--quantization", "fp8"]),
+    "quantization (-q)": ("engine.extraArgs", ["-q", "fp8"]),
+    "hash algorithm": ("engine.extraArgs", ["--prefix-caching-hash-algo", "sha256_cbor"]),
+    "hf overrides": ("engine.extraArgs", ['--hf-overrides={"rope_theta": 1}']),
+}
+
+
+@pytest.mark.parametrize("change", sorted(KV_CHANGES))
+def test_each_kv_shaping_input_changes_the_fingerprint(change: str) -> None:
+    path, value = KV_CHANGES[change]
+    assert kv_fingerprint(_changed(path, value)) != kv_fingerprint(customer_deployment().spec)
+
+
+def test_dropping_the_draft_changes_the_fingerprint() -> None:
+    base = customer_deployment().spec
+    assert kv_fingerprint(base.model_copy(update={"speculative": None})) != kv_fingerprint(base)
+
+
+IRRELEVANT = {
+    "replicas": ("replicas", 7),
+    "canary pairs": ("canary.pairs", "first"),
+    "canary on failure": ("canary.onFailure", "Rollback"),
+    "draft token count": ("speculative.numSpeculativeTokens", 5),
+    "store segment size": ("store.globalSegmentSize", "40GB"),
+    "load async": ("store.loadAsync", False),
+    "engine port": ("engine.port", 8001),
+    "batching extra arg": ("engine.extraArgs", ["--max-num-seqs", "64", "--enable-prompt-tokens-details"]),
+}
+
+
+@pytest.mark.parametrize("change", sorted(IRRELEVANT))
+def test_inputs_that_keep_blocks_compatible_keep_the_fingerprint(change: str) -> None:
+    path, value = IRRELEVANT[change]
+    assert kv_fingerprint(_changed(path, value)) == kv_fingerprint(customer_deployment().spec)
+
+
+def test_the_fingerprint_is_stable_and_a_valid_key_prefix() -> None:
+    # Stable across processes and releases: a changed value would orphan every warm store on upgrade.
+    value = kv_fingerprint(customer_deployment().spec)
+    assert value == kv_fingerprint(customer_deployment().spec)
+    assert value.startswith("kv-") and len(value) == 19 and "@" not in value
+
+
+def test_kv_shaping_args_keep_flags_with_their_values_only() -> None:
+    args = ["--max-num-seqs", "8", "--dtype", "half", "--enable-chunked-prefill", "--kv-cache-dtype=fp8", "x"]
+    assert kv_shaping_args(args) == ["--dtype", "half", "--kv-cache-dtype=fp8"]
+    assert kv_shaping_args(["--kv-cache-dt", "fp8"]) == ["--kv-cache-dt", "fp8"]  # vLLM's abbreviation

@@ -21,7 +21,7 @@ from tests.unit.customer_seed import CUSTOMER_ARGV, CUSTOMER_ENV, CUSTOMER_STORE
 from mooncake_operator import render
 from mooncake_operator.api import MooncakeServing, parse_resource
 from mooncake_operator.cli import main
-from mooncake_operator.engine_args import replica_launch
+from mooncake_operator.engine_args import kv_fingerprint, replica_launch
 from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
 
 pytestmark = pytest.mark.unit
@@ -203,9 +203,14 @@ def replica_container(resource: MooncakeServing) -> dict[str, Any]:
 
 
 def test_replica_command_is_the_customers_argv_item_by_item() -> None:
-    command = replica_container(customer_deployment())["command"]
-    assert tuple(command[: len(CUSTOMER_ARGV)]) == CUSTOMER_ARGV
-    assert command[len(CUSTOMER_ARGV) :] == ["--host", "0.0.0.0", "--port", "8000"]
+    # The one addition: the store key namespace of the KV fingerprint (spec.store.isolateRevisions).
+    resource = customer_deployment()
+    command = replica_container(resource)["command"]
+    kv_at = CUSTOMER_ARGV.index("--kv-transfer-config") + 1
+    kv = json.loads(CUSTOMER_ARGV[kv_at])
+    kv["kv_connector_extra_config"]["cache_prefix"] = kv_fingerprint(resource.spec)
+    expected = [*CUSTOMER_ARGV[:kv_at], json.dumps(kv, separators=(",", ":")), *CUSTOMER_ARGV[kv_at + 1 :]]
+    assert command == [*expected, "--host", "0.0.0.0", "--port", "8000"]
 
 
 def test_replica_command_comes_from_engine_args() -> None:

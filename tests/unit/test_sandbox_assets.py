@@ -13,7 +13,7 @@ import pytest
 
 from mooncake_operator.sandbox.engine_env import EngineEnv, cache_root, installation_problems
 from mooncake_operator.sandbox.engines import EngineMode, patcher_script, patcher_status, prepare_engine
-from mooncake_operator.sandbox.models import GENERATOR, generate_models, models_dir
+from mooncake_operator.sandbox.models import GENERATOR, TinyModels, generate_models, models_dir
 
 pytestmark = pytest.mark.engine
 
@@ -48,6 +48,10 @@ def test_tiny_models_are_byte_identical_across_runs(engine: EngineEnv, tmp_path:
         "target/model.safetensors",
         "target/tokenizer.json",
         "target/tokenizer_config.json",
+        "revision-2/target/config.json",
+        "revision-2/target/model.safetensors",
+        "revision-2/target/tokenizer.json",
+        "revision-2/target/tokenizer_config.json",
         "draft/config.json",
         "draft/model.safetensors",
     }
@@ -69,6 +73,16 @@ def test_tiny_models_have_the_shapes_the_sandbox_relies_on(engine: EngineEnv, tm
     assert draft["vocab_size"] == draft["draft_vocab_size"] == target["vocab_size"]  # no d2t/t2d
     assert len(tokenizer["model"]["vocab"]) + len(tokenizer["added_tokens"]) >= 2048
     assert "add_generation_prompt" in tokenizer_config["chat_template"]
+
+
+def test_revision_2_has_other_weights_under_the_same_basename(engine: EngineEnv, tmp_path: Path) -> None:
+    generate_models(engine, tmp_path / "models")
+    models = TinyModels(tmp_path / "models")
+    first, second = models.target_for(1), models.target_for(2)
+    assert first.name == second.name == "target"  # vLLM's store key holds only this basename
+    assert _digest(first / "model.safetensors") != _digest(second / "model.safetensors")
+    for same in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert _digest(first / same) == _digest(second / same)
 
 
 def test_the_model_cache_is_keyed_by_the_generator(tmp_path: Path) -> None:

@@ -127,3 +127,18 @@ def test_a_setup_error_during_prepare_exits_3(
 
     assert _parse("prepare").func(_parse("prepare")) == 3
     assert "setup error: pip install failed" in capsys.readouterr().err
+
+
+def test_the_revision_change_scenario_and_store_isolation_parse() -> None:
+    assert (_parse().scenario, _parse().store_isolation) == ("canary", "on")
+    args = _parse("--scenario", "revision-change", "--store-isolation", "off")
+    assert (args.scenario, args.store_isolation) == ("revision-change", "off")
+    with pytest.raises(SystemExit) as caught:
+        _parse("--store-isolation", "maybe")
+    assert caught.value.code == command.ExitCode.USAGE_OR_ENVIRONMENT
+
+
+def test_the_revision_change_scenario_refuses_ha_masters(capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse("--scenario", "revision-change", "--master-ha")
+    assert args.func(args) == command.ExitCode.USAGE_OR_ENVIRONMENT
+    assert "drop --master-ha" in capsys.readouterr().err

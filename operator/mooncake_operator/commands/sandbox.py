@@ -2,6 +2,7 @@
 
     mooncake-operator sandbox [run] [--engine patched|buggy] [--replicas N] [--no-speculative] [--json]
     mooncake-operator sandbox --master-ha [--no-oplog]   # etcd + 3 masters; the leader is killed mid-run
+    mooncake-operator sandbox --scenario revision-change [--store-isolation on|off]
     mooncake-operator sandbox prepare      # engine venv, tiny models, engine overlays; nothing started
 
 `run` (the default) prepares what is missing (the only step that needs the network), re-executes itself
@@ -13,6 +14,13 @@ With `--master-ha` it runs a real etcd and three masters electing a leader inste
 after the first canary kills the leader while the store holds a prefix, waits for the new leader, proves
 that prefix still loads (warm == cold; without the oplog it is lost, and the run says so) and runs the
 canary again. The failover time (leader killed -> a warm load succeeds again) is reported.
+
+With `--scenario revision-change` it proves instead that a new model revision is never served the old
+revision's KV blocks: both replicas start at revision 1 and share the prefix of a request WITHOUT a
+salt (as users' requests are) through the store; one replica moves to revision 2 (other weights, the
+same model name as vLLM keys it); the same unsalted request to it must equal its own cold answer and
+load nothing from the store. `--store-isolation off` drops the per-revision key namespace
+(spec.store.isolateRevisions) to show the hazard: the moved replica serves a stale answer (exit 1).
 """
 
 from __future__ import annotations
@@ -52,9 +60,11 @@ from mooncake_operator.sandbox import (
     start_sandbox,
 )
 from mooncake_operator.sandbox.failover import FailoverReport, prove_failover
+from mooncake_operator.sandbox.revision_change import RevisionChangeReport, prove_revision_change
 from mooncake_operator.sandbox.runtime import MAX_REPLICAS
 
 HA_MASTERS = 3
+CANARY, REVISION_CHANGE = "canary", "revision-change"
 
 
 VERDICT_EXIT = {
@@ -74,7 +84,9 @@ exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 usage or 
 70 internal error (a defect of mooncake-operator), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 The codes mean the same as `mooncake-operator canary`'s. With --master-ha the worst of: the canary
 before the failover, the pre-failover prefix loaded after it (inconclusive when it was lost, as with
---no-oplog), and the canary after it.
+--no-oplog), and the canary after it. With --scenario revision-change: 0 the new revision loaded none
+of the old one's blocks and answered as cold, 1 a stale answer was served (or another revision's blocks
+were loaded), 2 the revision-1 replicas never shared the prefix through the store.
 
 Everything heavy is cached in $MOONCAKE_OPERATOR_CACHE (default ~/.cache/mooncake-operator).
 """
@@ -116,6 +128,20 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="with --master-ha: masters without -enable_oplog (shows what a failover loses without it)",
     )
+    parser.add_argument(
+        "--scenario",
+        choices=(CANARY, REVISION_CHANGE),
+        default=CANARY,
+        help="canary (default): prove warm == cold across the replicas; revision-change: prove a replica "
+        "moved to a new model revision is not served the old revision's blocks",
+    )
+    parser.add_argument(
+        "--store-isolation",
+        choices=("on", "off"),
+        default="on",
+        help="on (default): a store key namespace per KV-compatibility fingerprint "
+        "(spec.store.isolateRevisions); off: none, to reproduce the revision-change hazard",
+    )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the run directory (logs, store configs) on success too"
@@ -149,6 +175,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_oplog and not args.master_ha:
         log("setup error: --no-oplog needs --master-ha (it is about the highly available masters' oplog)")
         return ExitCode.USAGE_OR_ENVIRONMENT
+    if args.scenario == REVISION_CHANGE and args.master_ha:
+        log("setup error: --scenario revision-change runs with one master; drop --master-ha")
+        return ExitCode.USAGE_OR_ENVIRONMENT
     signal.signal(signal.SIGTERM, _terminate)
     try:
         # Outside the namespace: the first run installs packages.
@@ -177,8 +206,9 @@ def _run(args: argparse.Namespace) -> int:
         keep_logs=args.keep_logs,
         ha_masters=HA_MASTERS if args.master_ha else 0,
         enable_oplog=not args.no_oplog,
+        store_isolation=args.store_isolation == "on",
     )
-    return run_sandbox(options, prepared, as_json=args.json, isolated=isolated)
+    return run_sandbox(options, prepared, as_json=args.json, isolated=isolated, scenario=args.scenario)
 
 
 def _enter_private_netns() -> bool:
@@ -194,15 +224,19 @@ def _enter_private_netns() -> bool:
     return False
 
 
-def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, isolated: bool) -> int:
+def run_sandbox(
+    options: SandboxOptions, prepared: Prepared, *, as_json: bool, isolated: bool, scenario: str = CANARY
+) -> int:
     """Start, prove, report, tear down; the exit code for the outcome."""
     outcome: dict[str, Any] = {"engine": options.engine.value, "replicas": options.replicas}
+    outcome["scenario"] = scenario
+    outcome["store_isolation"] = options.store_isolation
     outcome["speculative"] = options.speculative
     outcome["network_namespace"] = isolated
     if options.ha_masters:
         outcome["master_ha"] = {"masters": options.ha_masters, "enable_oplog": options.enable_oplog}
     try:
-        code = asyncio.run(_main(options, prepared, outcome))
+        code = asyncio.run(_main(options, prepared, outcome, scenario))
     except KeyboardInterrupt:
         code = ExitCode.INTERRUPTED
         outcome["error"] = "interrupted (SIGINT); every process the sandbox started was stopped"
@@ -227,7 +261,7 @@ def run_sandbox(options: SandboxOptions, prepared: Prepared, *, as_json: bool, i
     return code
 
 
-async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, Any]) -> int:
+async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, Any], scenario: str) -> int:
     main_task = asyncio.current_task()
     assert main_task is not None
     loop = asyncio.get_running_loop()
@@ -241,6 +275,8 @@ async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, 
         outcome["content_checks"] = CONTENT_CHECKS_OFF
         for line in sandbox.describe():
             _stderr_line(f"  {line}")
+        if scenario == REVISION_CHANGE:
+            return await _revision_change(sandbox, outcome, started)
         result = await sandbox.guard(_canary(sandbox))
         outcome["rss_bytes"] = sandbox.rss_bytes()
         outcome["verdict"] = result.verdict.value
@@ -259,6 +295,21 @@ async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, 
 
 
 _SEVERITY = {Verdict.PASSED: 0, Verdict.INCONCLUSIVE: 1, Verdict.FAILED: 2}
+
+
+async def _revision_change(sandbox: Sandbox, outcome: dict[str, Any], started: float) -> int:
+    config = canary_config(
+        sandbox.replica_urls, block_size=sandbox.block_size, eagle=sandbox.options.speculative
+    )
+    async with httpx.AsyncClient(trust_env=False) as client:
+        report: RevisionChangeReport = await sandbox.guard(prove_revision_change(sandbox, client, config))
+    outcome["revision_change"] = report.as_json()
+    outcome["verdict"] = report.verdict.value
+    outcome["wall_s"] = round(time.monotonic() - started, 1)
+    if report.verdict is not Verdict.PASSED:
+        sandbox.keep_run_dir = True
+        outcome["logs"] = str(sandbox.run_dir)
+    return VERDICT_EXIT[report.verdict]
 
 
 async def _failover(sandbox: Sandbox, before: CanaryResult, outcome: dict[str, Any]) -> Verdict:
@@ -312,6 +363,12 @@ def _print_outcome(outcome: dict[str, Any], *, as_json: bool) -> None:
         if isinstance(failover, dict) and "summary" in failover:
             sys.stdout.write(f"sandbox: failover: {failover['summary']}\n")
         sys.stdout.write(f"sandbox: verdict {outcome['verdict']}; {CONTENT_CHECKS_OFF}\n")
+    change = outcome.get("revision_change")
+    if isinstance(change, dict):
+        for name, namespace in change["key_namespaces"].items():
+            sys.stdout.write(f"sandbox: {name} store keys: {namespace}\n")
+        sys.stdout.write(f"sandbox: revision change: {change['summary']}\n")
+        sys.stdout.write(f"sandbox: verdict {outcome['verdict']}\n")
     if "error" in outcome:
         sys.stdout.write(f"sandbox: {outcome['error']}\n")
     sys.stdout.write(f"sandbox: exit {outcome['exit_code']}\n")

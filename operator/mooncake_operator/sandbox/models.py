@@ -15,6 +15,7 @@ from mooncake_operator.sandbox.engine_env import EngineEnv, Log
 from mooncake_operator.sandbox.errors import SandboxSetupError
 
 GENERATOR = Path(__file__).with_name("tiny_models.py")
+TARGET_REVISIONS = (1, 2)  # tiny_models.REVISIONS (the generator runs in the engine venv, not imported)
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,13 @@ class TinyModels:
 
     @property
     def target(self) -> Path:
-        return self.root / "target"
+        return self.target_for(1)
+
+    def target_for(self, revision: int) -> Path:
+        """The target's weights at `revision` (1 or 2); same basename, so vLLM keys both alike."""
+        if revision not in TARGET_REVISIONS:
+            raise ValueError(f"the tiny target has revisions {TARGET_REVISIONS}, not {revision}")
+        return self.root / "target" if revision == 1 else self.root / f"revision-{revision}" / "target"
 
     @property
     def draft(self) -> Path:

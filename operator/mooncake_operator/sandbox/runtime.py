@@ -34,6 +34,7 @@ from mooncake_operator.engine_args import (
     EngineLaunch,
     SandboxSubstitutions,
     describe_substitutions,
+    kv_fingerprint,
     master_argv,
     replica_launch,
 )
@@ -100,6 +101,8 @@ class SandboxOptions:
     # Highly available masters: a real etcd and this many masters electing a leader (0: one plain master).
     ha_masters: int = 0
     enable_oplog: bool = True
+    # spec.store.isolateRevisions for every replica (off only to reproduce the revision-change hazard).
+    store_isolation: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -127,15 +130,28 @@ def prepare(engines: tuple[EngineMode, ...], *, log: Log, cache: Path | None = N
     return Prepared(cache=root, env=env, models=models, builds=builds)
 
 
-def sandbox_spec(*, speculative: bool) -> MooncakeServingSpec:
-    """The customer's deployment spec; without its speculative config for `--no-speculative`."""
+def sandbox_spec(
+    *, speculative: bool, revision: int = 1, store_isolation: bool = True
+) -> MooncakeServingSpec:
+    """The customer's deployment spec; without its speculative config for `--no-speculative`.
+
+    Revision 2 stands for a rollout of new weights: the spec's model.revision changes (so does the
+    KV fingerprint), and the replica loads the tiny target's second revision."""
     spec = customer_deployment().spec
-    return spec if speculative else spec.model_copy(update={"speculative": None})
+    updates: dict[str, Any] = {
+        "store": spec.store.model_copy(update={"isolate_revisions": store_isolation}),
+    }
+    if not speculative:
+        updates["speculative"] = None
+    if revision != 1:
+        updates["model"] = spec.model.model_copy(update={"revision": f"{spec.model.revision}-r{revision}"})
+    return spec.model_copy(update=updates)
 
 
-def substitutions_for(models: TinyModels, *, speculative: bool) -> SandboxSubstitutions:
+def substitutions_for(models: TinyModels, *, speculative: bool, revision: int = 1) -> SandboxSubstitutions:
     return SandboxSubstitutions(
-        model_path=str(models.target), draft_model_path=str(models.draft) if speculative else None
+        model_path=str(models.target_for(revision)),
+        draft_model_path=str(models.draft) if speculative else None,
     )
 
 
@@ -154,6 +170,7 @@ class Replica:
     port: int
     engine: EngineMode
     speculative: bool
+    revision: int = 1  # of the tiny target's weights (TinyModels.target_for)
     process: ManagedProcess | None = None
     launch: EngineLaunch | None = None
     restarts: int = 0
@@ -205,7 +222,17 @@ class Sandbox:
         return substitutions_for(self.prepared.models, speculative=True).block_size
 
     def spec_for(self, replica: Replica) -> MooncakeServingSpec:
-        return sandbox_spec(speculative=replica.speculative)
+        return sandbox_spec(
+            speculative=replica.speculative,
+            revision=replica.revision,
+            store_isolation=self.options.store_isolation,
+        )
+
+    def key_namespace(self, replica: Replica) -> str:
+        """The replica's store key namespace (cache_prefix), or what its keys share without one."""
+        if not self.options.store_isolation:
+            return "unprefixed (store isolation off)"
+        return f"prefixed {kv_fingerprint(self.spec_for(replica))}@"
 
     def describe(self) -> list[str]:
         """What the sandbox runs differently from production, and which engine code each replica runs."""
@@ -223,7 +250,8 @@ class Sandbox:
             draft = "eagle3" if replica.speculative else "no speculative config"
             lines.append(
                 f"{replica.name}: {replica.url}, engine {replica.engine.value} "
-                f"(patch_connector.py status: {build.patcher_status}), {draft}"
+                f"(patch_connector.py status: {build.patcher_status}), {draft}, revision "
+                f"{replica.revision}, store keys {self.key_namespace(replica)}"
             )
         return lines
 
@@ -250,13 +278,23 @@ class Sandbox:
         await self._warm_store_paths(self.replicas)
 
     async def restart_replica(
-        self, index: int, *, speculative: bool | None = None, engine: EngineMode | None = None
+        self,
+        index: int,
+        *,
+        speculative: bool | None = None,
+        engine: EngineMode | None = None,
+        revision: int | None = None,
     ) -> None:
         """Stop replica `index` and start it again on the same port, optionally changed."""
-        await self.restart_replicas([index], speculative=speculative, engine=engine)
+        await self.restart_replicas([index], speculative=speculative, engine=engine, revision=revision)
 
     async def restart_replicas(
-        self, indices: Sequence[int], *, speculative: bool | None = None, engine: EngineMode | None = None
+        self,
+        indices: Sequence[int],
+        *,
+        speculative: bool | None = None,
+        engine: EngineMode | None = None,
+        revision: int | None = None,
     ) -> None:
         """Restart several replicas at once (they start concurrently); None keeps a setting as it is."""
         chosen = [self.replicas[index] for index in indices]
@@ -271,10 +309,11 @@ class Sandbox:
             self.stop_replica(replica.index)
             replica.engine = engine or replica.engine
             replica.speculative = replica.speculative if speculative is None else speculative
+            replica.revision = replica.revision if revision is None else revision
             replica.restarts += 1
             self.progress.phase(
                 f"restarting {replica.name}: engine {replica.engine.value}, "
-                f"{'eagle3' if replica.speculative else 'no speculative config'}"
+                f"{'eagle3' if replica.speculative else 'no speculative config'}, revision {replica.revision}"
             )
             self._launch(replica)
         await self._wait_healthy(chosen)
@@ -400,7 +439,9 @@ class Sandbox:
             port=replica.port,
             store_config_path=str(store_config_path),
             entrypoint=(str(self.prepared.env.python), "-m", SERVER_MODULE),
-            substitutions=substitutions_for(self.prepared.models, speculative=replica.speculative),
+            substitutions=substitutions_for(
+                self.prepared.models, speculative=replica.speculative, revision=replica.revision
+            ),
             ha=self.ha.topology if self.ha is not None else None,
         )
         store_config_path.write_text(json.dumps(dict(launch.store_config), indent=2) + "\n")

@@ -8,8 +8,10 @@ change here produces a fresh model set.
     python tiny_models.py OUTPUT_DIR
 
 writes OUTPUT_DIR/target (random LlamaForCausalLM: hidden 128, 4 layers, vocab 2048, a
-byte-level BPE tokenizer trained here on deterministic text, a chat template) and
-OUTPUT_DIR/draft (random LlamaForCausalLMEagle3: 1 layer, same vocabulary, so no d2t/t2d
+byte-level BPE tokenizer trained here on deterministic text, a chat template),
+OUTPUT_DIR/revision-2/target (the same model and tokenizer with other random weights: a second
+"revision" in a directory of the same basename, which is all vLLM puts of the model into a store
+key) and OUTPUT_DIR/draft (random LlamaForCausalLMEagle3: 1 layer, same vocabulary, so no d2t/t2d
 tensors), then prints a JSON manifest of file hashes on stdout.
 
 The weights are random, so answers are gibberish; what matters is that every run of every
@@ -36,6 +38,9 @@ from safetensors.torch import save_file  # type: ignore[import-not-found]
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # type: ignore[import-not-found]
 
 SEED = 20260526
+# Target revisions generated; revision r draws its weights from SEED + REVISION_SEED_STEP * (r - 1).
+REVISIONS = (1, 2)
+REVISION_SEED_STEP = 1000
 VOCAB_SIZE = 2048
 HIDDEN = 128
 INTERMEDIATE = 256
@@ -193,8 +198,8 @@ class Weights:
         self.tensors[lm_head][: len(SPECIAL_TOKENS)] = 0
 
 
-def target_weights() -> dict[str, torch.Tensor]:
-    weights = Weights(SEED)
+def target_weights(revision: int) -> dict[str, torch.Tensor]:
+    weights = Weights(SEED + REVISION_SEED_STEP * (revision - 1))
     weights.random("model.embed_tokens.weight", VOCAB_SIZE, HIDDEN)
     for layer in range(TARGET_LAYERS):
         weights.attention_and_mlp(f"model.layers.{layer}", HIDDEN)
@@ -260,12 +265,17 @@ def write_json(path: Path, payload: object) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-def write_target(directory: Path, tokenizer: Tokenizer) -> None:
+def target_dir(root: Path, revision: int) -> Path:
+    """Every revision's directory is named `target`: vLLM keys the store by that basename only."""
+    return root / "target" if revision == 1 else root / f"revision-{revision}" / "target"
+
+
+def write_target(directory: Path, tokenizer: Tokenizer, revision: int) -> None:
     directory.mkdir(parents=True)
     write_json(directory / "config.json", target_config())
     write_json(directory / "tokenizer_config.json", tokenizer_config())
     tokenizer.save(str(directory / "tokenizer.json"))
-    save_file(target_weights(), str(directory / "model.safetensors"))
+    save_file(target_weights(revision), str(directory / "model.safetensors"))
 
 
 def write_draft(directory: Path) -> None:
@@ -287,7 +297,9 @@ def generate(output: Path) -> dict[str, str]:
     staging = output.with_name(output.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    write_target(staging / "target", train_tokenizer())
+    tokenizer = train_tokenizer()
+    for revision in REVISIONS:
+        write_target(target_dir(staging, revision), tokenizer, revision)
     write_draft(staging / "draft")
     files = manifest(staging)
     write_json(staging / "manifest.json", files)
