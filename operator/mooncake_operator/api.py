@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     TypeAdapter,
     ValidationError,
     ValidationInfo,
@@ -27,7 +28,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from mooncake_operator.canary.expectations import Expectation
-from mooncake_operator.canary.models import MAX_BODY_BYTES_LIMIT, check_chat_request
+from mooncake_operator.canary.models import MAX_BODY_BYTES_LIMIT, Mismatch, Verdict, check_chat_request
 
 GROUP = "serving.mooncake-operator.dev"
 VERSION = "v1alpha1"
@@ -1018,10 +1019,12 @@ class MooncakeServingSpec(ApiModel):
 
 # --- status --------------------------------------------------------------------------------------------
 
+# The canary's Verdict, read back from the API as the string it was written as.
+VerdictField = Annotated[Verdict, Strict(False)]
+
 Phase = Literal["Pending", "Deploying", "Canary", "Ready", "CanaryFailed", "Degraded", "Invalid"]
 ConditionType = Literal["MasterReady", "ReplicasReady", "CanaryPassed", "Ready"]
 CONDITION_TYPES: tuple[ConditionType, ...] = ("MasterReady", "ReplicasReady", "CanaryPassed", "Ready")
-Verdict = Literal["Passed", "Failed", "Inconclusive"]
 
 
 class Condition(ApiModel):
@@ -1038,16 +1041,10 @@ class ReplicaCounts(ApiModel):
     ready: int = Field(ge=0)
 
 
-class Mismatch(ApiModel):
-    position: int = Field(ge=0, description="Index of the first differing character.")
-    cold: str = Field(description="Cold (writer) text around the mismatch.")
-    warm: str = Field(description="Warm (reader) text around the mismatch.")
-
-
 class PairEvidence(ApiModel):
     writer: str
     reader: str
-    verdict: Verdict
+    verdict: VerdictField
     reason: str = ""
     cache_salt: str | None = None
     prompt_tokens: int | None = Field(default=None, ge=0)
@@ -1078,7 +1075,7 @@ class CanaryTarget(ApiModel):
 
 class CanaryStatus(ApiModel):
     run_id: str
-    verdict: Verdict
+    verdict: VerdictField
     reason: str = ""
     external_hit_tokens: int | None = Field(default=None, ge=0, description="Sum over pairs.")
     started_at: str | None = None

@@ -16,6 +16,7 @@ import yaml
 
 from mooncake_operator import api
 from mooncake_operator.kube import ResourceKind
+from mooncake_operator.safe_yaml import NoAliasDumper
 
 CRD_FILENAME = f"{api.GROUP}_{api.PLURAL}.yaml"
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
@@ -175,7 +176,7 @@ def custom_resource_definition() -> dict[str, Any]:
 
 def crd_yaml() -> str:
     """The CRD as committed in crds/ (stable: same models, same bytes)."""
-    return HEADER + yaml.safe_dump(custom_resource_definition(), sort_keys=False, width=100)
+    return HEADER + yaml.dump(custom_resource_definition(), Dumper=NoAliasDumper, sort_keys=False, width=100)
 
 
 def write_crd(directory: Path) -> Path:

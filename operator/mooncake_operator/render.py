@@ -44,6 +44,7 @@ from mooncake_operator.engine_args import (
     master_argv,
     replica_launch,
 )
+from mooncake_operator.safe_yaml import NoAliasDumper
 
 Manifest = dict[str, Any]
 
@@ -1086,11 +1087,8 @@ def render_all(
     ]
 
 
-class _ManifestDumper(yaml.SafeDumper):
-    """Readable manifests: no anchors/aliases, multi-line strings (the store config) as literal blocks."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+class _ManifestDumper(NoAliasDumper):
+    """Readable manifests: multi-line strings (the store config) as literal blocks."""
 
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:

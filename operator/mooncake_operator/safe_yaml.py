@@ -19,6 +19,14 @@ MAX_ALIASES = 100
 MAX_EXPANDED_NODES = 100_000
 
 
+class NoAliasDumper(yaml.SafeDumper):
+    """Writes what the product generates (CRD, manifests) with every value spelled out: no anchors or
+    aliases, which the reader would have to expand (see above) and which a person cannot read."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
 class YamlBombError(yaml.YAMLError):
     """The document expands (through aliases) beyond what any real input needs."""
 

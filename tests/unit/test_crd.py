@@ -44,6 +44,10 @@ def test_crd_is_one_plain_yaml_document() -> None:
     documents = list(yaml.safe_load_all(COMMITTED.read_text(encoding="utf-8")))
     assert len(documents) == 1
     assert documents[0] == custom_resource_definition()
+    # Shared enum lists once came out as anchors and aliases (&id001 / *id001): spelled out instead.
+    events = list(yaml.parse(COMMITTED.read_text(encoding="utf-8")))
+    assert not [event for event in events if isinstance(event, yaml.AliasEvent)]
+    assert not [event for event in events if getattr(event, "anchor", None)]
 
 
 def test_names_versions_subresources_and_columns() -> None:

@@ -192,7 +192,7 @@ def test_without_require_external_hit_equal_answers_pass() -> None:
 
 
 def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
-    mismatch = Mismatch(position=12, cold_context='"us-west"', warm_context='"us-east"')
+    mismatch = Mismatch(position=12, cold='"us-west"', warm='"us-east"')
     failing = pair(0, Verdict.FAILED, mismatch=mismatch, load_get_keys=3, notes=["double prune"])
     cold, warm = failing.cold, failing.warm
     assert cold is not None and warm is not None

@@ -53,7 +53,9 @@ def test_every_option_parses() -> None:
     assert _parse("prepare").action == "prepare"
 
 
-@pytest.mark.parametrize("argv", [["--replicas", "1"], ["--replicas", "x"], ["--engine", "fixed"], ["stop"]])
+@pytest.mark.parametrize(
+    "argv", [["--replicas", "1"], ["--replicas", "x"], ["--engine", "fixed"], ["stop"], ["--bogus"]]
+)
 def test_usage_errors_exit_3_not_2_which_means_inconclusive(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

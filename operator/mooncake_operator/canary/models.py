@@ -107,12 +107,13 @@ class StoreCounters(_Model):
         )
 
 
+# Also the status's `firstMismatch` (api.PairEvidence): one shape from the canary to `kubectl get`.
 class Mismatch(_Model):
     """Where the warm answer first differs from the cold one, with a little text around it."""
 
-    position: int
-    cold_context: str
-    warm_context: str
+    position: int = Field(ge=0, description="Index of the first differing character.")
+    cold: str = Field(description="Cold (writer) text around the mismatch.")
+    warm: str = Field(description="Warm (reader) text around the mismatch.")
 
 
 class PairResult(_Model):

@@ -88,7 +88,10 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
     retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
     pairs = []
     for index, (writer, reader) in enumerate(plan_pairs(config.replicas, config.pairs)):
-        evidence = await _measure_pair(client, config, retry, index, writer, reader, run_id)
+        salt = new_cache_salt(run_id, index)
+        evidence = await measure_pair(
+            client, config, index=index, writer=writer, reader=reader, salt=salt, retry=retry
+        )
         pairs.append(judge_pair(evidence, config))
     verdict, reason = summarize(pairs)
     return CanaryResult(
@@ -108,17 +111,21 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
     )
 
 
-async def _measure_pair(
+async def measure_pair(
     client: httpx.AsyncClient,
     config: CanaryConfig,
-    retry: RetryPolicy,
+    *,
     index: int,
     writer: str,
     reader: str,
-    run_id: str,
+    salt: str,
+    retry: RetryPolicy | None = None,
 ) -> PairMeasurement:
+    """One pair as the canary measures it: reader's counters, cold on the writer, warm on the reader,
+    reader's counters again. Judge it with `judge_pair`."""
+    if retry is None:
+        retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
     started = time.perf_counter()
-    salt = new_cache_salt(run_id, index)
     before, metrics_error = await _scrape(client, reader, config, retry)
     cold = await _chat(client, writer, config, retry, salt)
     warm = after = None
@@ -271,12 +278,12 @@ def compare_answers(cold: ChatAnswer, warm: ChatAnswer) -> tuple[Mismatch | None
     if position is not None:
         mismatch = Mismatch(
             position=position,
-            cold_context=_context(cold_text, position),
-            warm_context=_context(warm_text, position),
+            cold=_context(cold_text, position),
+            warm=_context(warm_text, position),
         )
         problems.append(
             f"warm answer differs from the cold one at character {position}: "
-            f"cold {mismatch.cold_context!r}, warm {mismatch.warm_context!r}"
+            f"cold {mismatch.cold!r}, warm {mismatch.warm!r}"
         )
     if cold.reasoning != warm.reasoning:
         reasoning_position = first_difference(cold.reasoning or "", warm.reasoning or "")

@@ -6,9 +6,8 @@ import argparse
 import asyncio
 import sys
 import traceback
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -27,6 +26,7 @@ from mooncake_operator.canary import (
     render_table,
     run_canary,
 )
+from mooncake_operator.commands.verdict_parser import VerdictCommandParser
 
 DESCRIPTION = """\
 For each ordered pair of replicas (writer, reader) the canary picks a fresh cache_salt, reads the
@@ -72,23 +72,6 @@ expectations file (YAML or JSON), a list of checks:
 _EXPECTATIONS = TypeAdapter(list[Expectation])
 
 
-class _CanaryArgumentParser(argparse.ArgumentParser):
-    """Usage errors exit 3: argparse's usual 2 means Inconclusive for this command."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
-
-    def parse_known_args(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
-    ) -> tuple[argparse.Namespace, list[str]]:
-        # Unknown arguments would otherwise reach the top-level parser, which exits 2.
-        parsed, extras = super().parse_known_args(args, namespace)
-        if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return parsed, extras
-
-
 class UsageError(Exception):
     """Input the canary cannot run with; the message says what to change."""
 
@@ -102,7 +85,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # argparse has no per-subcommand parser class; this one only changes how usage errors exit.
-    parser.__class__ = _CanaryArgumentParser
+    parser.__class__ = VerdictCommandParser
     parser.add_argument(
         "--replica",
         action="append",

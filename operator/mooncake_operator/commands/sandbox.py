@@ -25,7 +25,7 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 import httpx
 
@@ -39,6 +39,7 @@ from mooncake_operator.canary import (
     run_canary,
 )
 from mooncake_operator.canary.report import render_json, render_table
+from mooncake_operator.commands.verdict_parser import VerdictCommandParser
 from mooncake_operator.sandbox import (
     EngineMode,
     Prepared,
@@ -79,14 +80,6 @@ Everything heavy is cached in $MOONCAKE_OPERATOR_CACHE (default ~/.cache/mooncak
 """
 
 
-class _SandboxArgumentParser(argparse.ArgumentParser):
-    """Usage errors exit 3: argparse's usual 2 means Inconclusive for this command."""
-
-    def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
-
-
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "sandbox",
@@ -95,7 +88,7 @@ def register(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.__class__ = _SandboxArgumentParser
+    parser.__class__ = VerdictCommandParser
     parser.add_argument(
         "action",
         nargs="?",

@@ -149,7 +149,7 @@ def pair_evidence(pair: PairResult, names: dict[str, str]) -> PairEvidence:
     return PairEvidence(
         writer=names.get(pair.writer, pair.writer),
         reader=names.get(pair.reader, pair.reader),
-        verdict=pair.verdict.value,
+        verdict=pair.verdict,
         reason="; ".join(pair.reasons)[:_REASON_LIMIT],
         cache_salt=pair.cache_salt,
         prompt_tokens=_non_negative(pair.prompt_tokens),
@@ -159,15 +159,7 @@ def pair_evidence(pair: PairResult, names: dict[str, str]) -> PairEvidence:
         answers_equal=pair.answers_equal,
         cold_latency_ms=_ms(pair.cold.latency_s) if pair.cold else None,
         warm_latency_ms=_ms(pair.warm.latency_s) if pair.warm else None,
-        first_mismatch=(
-            api.Mismatch(
-                position=pair.mismatch.position,
-                cold=pair.mismatch.cold_context,
-                warm=pair.mismatch.warm_context,
-            )
-            if pair.mismatch
-            else None
-        ),
+        first_mismatch=pair.mismatch,
         violations=list(pair.expectation_violations),
         notes=list(pair.notes),
     )
@@ -189,7 +181,7 @@ def canary_status(
         reason = f"passed without a proven external hit (requireExternalHit: false): {reason}"
     return CanaryStatus(
         run_id=result.run_id,
-        verdict=verdict.value,
+        verdict=verdict,
         reason=reason[:_REASON_LIMIT],
         external_hit_tokens=_non_negative(sum(hits)) if hits else None,
         started_at=format_time(result.started_at),
@@ -204,7 +196,7 @@ def not_run_status(reason: str, *, run_id: str, now: datetime, target: CanaryTar
     stamp = format_time(now)
     return CanaryStatus(
         run_id=run_id,
-        verdict="Inconclusive",
+        verdict=Verdict.INCONCLUSIVE,
         reason=reason,
         started_at=stamp,
         finished_at=stamp,

@@ -32,7 +32,7 @@ from mooncake_operator.canary import (
     scrape_counters,
 )
 from mooncake_operator.canary.client import CounterScrapeError
-from mooncake_operator.canary.runner import PairMeasurement
+from mooncake_operator.canary.runner import PairMeasurement, measure_pair
 from mooncake_operator.sandbox.errors import SandboxError, SandboxSetupError
 from mooncake_operator.sandbox.runtime import Sandbox
 
@@ -169,26 +169,10 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
 
 
 async def _fresh_pair(client: httpx.AsyncClient, config: CanaryConfig, attempt: int) -> PairResult:
-    writer, reader = config.replicas[0], config.replicas[1]
+    """A canary pair with a salt of its own, measured and judged exactly as the canary does."""
     salt = f"sandbox-after-failover-{attempt}-{uuid.uuid4().hex}"
-    before = await _counters(client, reader, config)
-    cold = await chat(client, writer, config.request, cache_salt=salt, timeout=config.request_timeout_s)
-    warm = after = None
-    if cold.ok:
-        warm = await chat(client, reader, config.request, cache_salt=salt, timeout=config.request_timeout_s)
-        after = await _counters(client, reader, config)
-    evidence = PairMeasurement(
-        index=attempt,
-        writer=writer,
-        reader=reader,
-        cache_salt=salt,
-        cold=cold,
-        warm=warm,
-        before=before,
-        after=after,
-        metrics_error=None,
-        wall_s=0.0,
-    )
+    writer, reader = config.replicas[0], config.replicas[1]
+    evidence = await measure_pair(client, config, index=attempt, writer=writer, reader=reader, salt=salt)
     return judge_pair(evidence, config)
 
 
