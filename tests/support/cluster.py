@@ -143,6 +143,18 @@ def get_serving(name: str, namespace: str = "default") -> dict[str, Any]:
     return document
 
 
+def check_operator_running() -> None:
+    """A crash-looping operator never writes a verdict: say so now, with its log, not after the timeout."""
+    pods = json.loads(kubectl(["get", "pods", f"--namespace={OPERATOR_NAMESPACE}", "-o", "json"]))
+    for pod in pods["items"]:
+        for container in pod["status"].get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") == "CrashLoopBackOff" and container["restartCount"] >= 3:
+                name = pod["metadata"]["name"]
+                log = kubectl(["logs", f"--namespace={OPERATOR_NAMESPACE}", name, "--previous", "--tail=20"])
+                raise ClusterError(f"the operator pod {name} is crash-looping; its last log lines:\n{log}")
+
+
 def wait_for_verdict(name: str, timeout: float) -> str:
     """Prints each change of phase / ready replicas / conditions; returns Ready or CanaryFailed."""
     deadline = time.monotonic() + timeout
@@ -164,6 +176,7 @@ def wait_for_verdict(name: str, timeout: float) -> str:
             return "Ready"
         if phase == "CanaryFailed":
             return "CanaryFailed"
+        check_operator_running()
         time.sleep(3)
     raise ClusterError(f"{name} neither Ready nor CanaryFailed after {timeout:.0f} s (last: {last})")
 

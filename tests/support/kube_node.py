@@ -78,6 +78,11 @@ HOST_DIRS = (
 # config holds the pod range); nodelifecycle stays: it removes the node's not-ready taint.
 CONTROLLERS = ("*", "-cloud-node-lifecycle", "-route", "-service", "-nodeipam")
 CLONE_NEWNET = 0x40000000
+# The product requests nvidia.com/gpu = tensorParallelSize for every replica. This node has no GPU
+# and no device plugin: it advertises the count as an extended resource (capacity only, no device
+# reaches a container) so the scheduler places the example's two TP-1 replicas.
+ADVERTISED_GPUS = 2
+GPU_RESOURCE = "nvidia.com/gpu"
 
 Log = Callable[[str], None]
 
@@ -596,7 +601,20 @@ def up(log: Log) -> None:
         wait_for(
             "the node to be Ready", lambda: _node_ready(http), 180, ["kubelet", "containerd", "kube-proxy"]
         )
-    log(f"node {NODE_NAME} Ready")
+        advertise_gpus(http)
+    log(f"node {NODE_NAME} Ready (advertising {ADVERTISED_GPUS} {GPU_RESOURCE}, no devices)")
+
+
+def advertise_gpus(http: httpx.Client) -> None:
+    """Kubernetes' documented way to advertise an extended resource: a patch of the node's status."""
+    path = "/status/capacity/" + GPU_RESOURCE.replace("/", "~1")
+    response = http.patch(
+        f"/api/v1/nodes/{NODE_NAME}/status",
+        json=[{"op": "add", "path": path, "value": str(ADVERTISED_GPUS)}],
+        headers={"Content-Type": "application/json-patch+json"},
+    )
+    if response.status_code != 200:
+        raise ClusterError(f"advertising {GPU_RESOURCE} on {NODE_NAME} failed: {response.text}")
 
 
 def _node_ready(http: httpx.Client) -> bool:

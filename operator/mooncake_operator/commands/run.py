@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import kopf
+from kopf._core.engines.peering import Identity  # the type of kopf.run's identity (not re-exported)
 
 from mooncake_operator.handlers import build_registry
 from mooncake_operator.kube import KubeClient, KubeConfigError
-from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings
+from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings, default_identity
 from mooncake_operator.operator_settings import OperatorSettings, SettingsError, load_replica_endpoints
 
 logger = logging.getLogger("mooncake_operator.run")
@@ -157,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         kopf.run(
             registry=build_registry(settings),
             standalone=True,
+            # kopf would ask getpass for the user name: the image's uid has no passwd entry.
+            identity=Identity(default_identity()),
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
             liveness_endpoint=settings.liveness_endpoint,
@@ -182,6 +185,8 @@ async def run_as_leader(settings: OperatorSettings, lease: LeaseSettings) -> int
             kopf.operator(
                 registry=build_registry(settings),
                 standalone=True,
+                # kopf would ask getpass for the user name: the image's uid has no passwd entry.
+                identity=Identity(elector.identity),
                 clusterwide=not settings.namespaces,
                 namespaces=list(settings.namespaces),
                 liveness_endpoint=settings.liveness_endpoint,
