@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -66,12 +67,13 @@ async def test_correct_replicas_pass_every_ring_pair_with_the_exact_hit() -> Non
     assert result.request_latency_s <= result.wall_s
 
 
-async def test_each_pair_sends_two_chats_and_two_metrics_reads_with_one_fresh_salt() -> None:
+async def test_each_pair_sends_two_chats_and_four_metrics_reads_with_one_fresh_salt() -> None:
     with FakeCluster.start(2) as cluster:
         result = await canary(cluster)
         for replica in cluster.replicas:
             assert len(replica.requests_to("/v1/chat/completions")) == 2  # writer once, reader once
-            assert len(replica.requests_to("/metrics")) == 2  # read twice as the reader
+            # read twice as the reader and twice as the writer (its saves explain a reader's miss)
+            assert len(replica.requests_to("/metrics")) == 4
         reader_of_pair_0 = cluster[1].requests_to("/v1/chat/completions")
     salts = [pair.cache_salt for pair in result.pairs]
     assert len(set(salts)) == 2
@@ -125,6 +127,48 @@ async def test_double_prune_keys_alone_do_not_decide_the_verdict() -> None:
     pair = judge_pair(evidence, CanaryConfig(replicas=["http://a:1", "http://b:1"], **EAGLE_32))
     assert pair.verdict is Verdict.PASSED
     assert any("double-prune signature" in note for note in pair.notes)
+
+
+@pytest.mark.parametrize(
+    ("put", "failed", "reason"),
+    [
+        (5, 5, "the writer's store rejected 5 of the 5 keys it tried to save"),
+        (0, 0, "the writer reported no store put for this pair"),
+    ],
+)
+def test_a_reader_that_found_nothing_is_explained_by_the_writers_saves(
+    put: int, failed: int, reason: str
+) -> None:
+    writer_before = StoreCounters(store_keys_by_operation={"save_put": 10})
+    writer_after = StoreCounters(
+        store_keys_by_operation={"save_put": 10 + put},
+        store_failed_keys_by_operation={"save_put": failed},
+    )
+    evidence = replace(
+        _evidence(),
+        after=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}),
+        writer_before=writer_before,
+        writer_after=writer_after,
+    )
+    pair = judge_pair(evidence, CanaryConfig(replicas=["http://a:1", "http://b:1"], **EAGLE_32))
+    assert pair.verdict is Verdict.INCONCLUSIVE
+    assert "did not rise" in pair.reasons[0]
+    assert reason in pair.reasons[1]
+    assert pair.writer_counters_delta is not None
+    assert pair.writer_counters_delta.store_failed_keys_by_operation.get("save_put", 0) == failed
+
+
+def test_the_writers_saves_never_turn_a_proven_pair_into_another_verdict() -> None:
+    failing_writer = replace(
+        _evidence(),
+        writer_before=StoreCounters(),
+        writer_after=StoreCounters(
+            store_keys_by_operation={"save_put": 5}, store_failed_keys_by_operation={"save_put": 5}
+        ),
+    )
+    pair = judge_pair(failing_writer, CanaryConfig(replicas=["http://a:1", "http://b:1"], **EAGLE_32))
+    assert pair.verdict is Verdict.PASSED
+    assert pair.reasons == []
 
 
 async def test_a_warm_path_that_never_loads_is_inconclusive_never_passed() -> None:

