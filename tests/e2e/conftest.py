@@ -7,6 +7,7 @@ on a shared network: they fail (never skip) with the command that runs them in a
 from __future__ import annotations
 
 import pytest
+from tests.support.cpu_stalls import cpu_stall_monitor, cpu_stall_watch  # noqa: F401 (fixtures)
 
 from mooncake_operator.netns import in_private_netns
 from mooncake_operator.sandbox import EngineMode, Prepared, prepare

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import pytest
+from tests.support.cpu_stalls import stalled_during_test
 from tests.support.sandbox_command import run_sandbox_json
 
 from mooncake_operator.sandbox import Prepared
@@ -24,8 +25,8 @@ def run(*extra: str) -> tuple[int, dict[str, Any], str]:
     return run_sandbox_json("--master-ha", *extra)
 
 
-# Rerun (reported by pytest) only on the CPU store transport's intermittent stall, docs/sandbox.md.
-@pytest.mark.flaky(reruns=2, only_rerun=[r"HTTP 500"])
+# Rerun (reported by pytest) only when a CPU stalled while it ran (tests/support/cpu_stalls.py).
+@pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_a_leader_failover_keeps_the_prefixes_with_the_oplog(prepared: Prepared) -> None:
     code, outcome, stderr = run()
 
@@ -43,7 +44,7 @@ def test_a_leader_failover_keeps_the_prefixes_with_the_oplog(prepared: Prepared)
     assert any("etcd://127.0.0.1:" in line for line in outcome["substitutions"])
 
 
-@pytest.mark.flaky(reruns=2, only_rerun=[r"HTTP 500"])
+@pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_without_the_oplog_a_failover_loses_every_prefix_stored_before_it(prepared: Prepared) -> None:
     code, outcome, stderr = run("--no-oplog")
 

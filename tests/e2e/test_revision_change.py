@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import pytest
+from tests.support.cpu_stalls import stalled_during_test
 from tests.support.sandbox_command import run_sandbox_json
 
 from mooncake_operator.sandbox import Prepared
@@ -31,8 +32,8 @@ def run(isolation: str) -> tuple[int, dict[str, Any]]:
     return code, change
 
 
-# Rerun (reported by pytest) only on the CPU store transport's intermittent stall, docs/sandbox.md.
-@pytest.mark.flaky(reruns=2, only_rerun=[r"HTTP 500"])
+# Rerun (reported by pytest) only when a CPU stalled while it ran (tests/support/cpu_stalls.py).
+@pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_with_store_isolation_the_new_revision_reads_nothing_of_the_old(prepared: Prepared) -> None:
     code, change = run("on")
 
@@ -47,7 +48,7 @@ def test_with_store_isolation_the_new_revision_reads_nothing_of_the_old(prepared
     assert namespaces["replica-A@revision-1"] == old
 
 
-@pytest.mark.flaky(reruns=2, only_rerun=[r"HTTP 500"])
+@pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_without_store_isolation_the_new_revision_serves_a_stale_answer(prepared: Prepared) -> None:
     code, change = run("off")
 

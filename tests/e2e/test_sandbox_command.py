@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.support.cpu_stalls import stalled_during_test
 
 from mooncake_operator.sandbox import Prepared
 
@@ -57,8 +58,8 @@ def _wait_for(condition: object, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-# Rerun (reported by pytest) only on the CPU store transport's intermittent stall, docs/sandbox.md.
-@pytest.mark.flaky(reruns=2, only_rerun=[r"HTTP 500"])
+# Rerun (reported by pytest) only when a CPU stalled while it ran (tests/support/cpu_stalls.py).
+@pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_the_main_job_passes_on_the_patched_engine(prepared: Prepared, tmp_path: Path) -> None:
     before = _pids()
 
