@@ -1,58 +1,86 @@
-"""The per-CPU stall monitor that decides e2e reruns (tests/support/cpu_stalls.py)."""
+"""The per-CPU stall watch: the sandbox reports stalls with it, and the e2e tiers rerun only after one."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import time
-from pathlib import Path
 
 import pytest
 from tests.support import cpu_stalls
-from tests.support.cpu_stalls import CpuStallMonitor, Stall
+
+from mooncake_operator.sandbox.cpu_stalls import CpuStall, CpuStallWatch
 
 
-def test_a_watcher_that_could_not_run_records_a_stall(tmp_path: Path) -> None:
-    """SIGSTOP stands in for a CPU that runs nothing: the watcher wakes late and says by how much."""
-    monitor = CpuStallMonitor(tmp_path / "stalls.jsonl", threshold_s=0.5)
-    monitor.start()
+class JumpingClock:
+    """time.monotonic, plus a jump we choose: what a watcher sees when its CPU did not run."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset
+
+
+def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_each_watcher_runs_pinned_to_its_own_cpu() -> None:
+    watch = CpuStallWatch(tick_s=0.01)
+    watch.start()
     try:
-        time.sleep(1.0)  # the watchers are running and pinned
-        assert monitor.stalls_since(0) == []
-        watcher = monitor._watchers[0]
-        os.kill(watcher.pid, signal.SIGSTOP)
-        time.sleep(1.5)
-        os.kill(watcher.pid, signal.SIGCONT)
-        deadline = time.monotonic() + 5
-        while not monitor.stalls_since(0) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        cpus = sorted(os.sched_getaffinity(0))
+        assert [thread.name for thread in watch._threads] == [f"cpu-stall-watch-{cpu}" for cpu in cpus]
+        time.sleep(0.1)  # each thread pins itself first
+        for cpu, thread in zip(cpus, watch._threads, strict=True):
+            assert thread.native_id is not None
+            assert os.sched_getaffinity(thread.native_id) == {cpu}
     finally:
-        monitor.stop()
-    [stall] = monitor.stalls_since(0)
-    assert stall.cpu == min(os.sched_getaffinity(0))
-    assert 1.0 < stall.late_s < 3.0
-    assert stall.end - stall.start == pytest.approx(stall.late_s + 0.1, abs=0.05)
-    assert f"CPU {stall.cpu} ran nothing for" in stall.describe()
+        watch.stop()
+    assert watch._threads == []
 
 
-def test_only_stalls_that_ended_after_the_test_started_count(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_wake_up_later_than_the_threshold_is_a_stall_and_a_shorter_one_is_not() -> None:
+    clock = JumpingClock()
+    watch = CpuStallWatch(threshold_s=5.0, tick_s=0.01, monotonic=clock)
+    watch.start()
+    try:
+        time.sleep(0.1)
+        clock.offset += 4.0  # late, but under the threshold: a busy CPU, not a stalled one
+        time.sleep(0.1)
+        assert watch.stalls_since() == []
+        clock.offset += 6.0
+        wait_for(lambda: len(watch.stalls_since()) == len(watch._threads))
+    finally:
+        watch.stop()
+    stalls = watch.stalls_since()
+    assert sorted(stall.cpu for stall in stalls) == sorted(os.sched_getaffinity(0))
+    for stall in stalls:
+        assert 5.9 < stall.late_s < 7.0
+        assert stall.end - stall.start == pytest.approx(stall.late_s + 0.01, abs=0.05)
+        assert f"CPU {stall.cpu} ran nothing for" in stall.describe()
+    assert watch.stalls_since(time.time() + 1) == []
+
+
+def test_a_failed_test_is_rerun_only_after_a_stall_that_ended_while_it_ran(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    log = tmp_path / "stalls.jsonl"
-    old = {"cpu": 0, "start": 100.0, "end": 160.0, "late_s": 59.9}
-    log.write_text(json.dumps(old) + "\n")
-    monitor = CpuStallMonitor(log)
-    monkeypatch.setattr(cpu_stalls, "_session_monitor", monitor)
+    watch = CpuStallWatch()
+    stall = CpuStall(cpu=0, start=100.0, end=160.0, late_s=59.9)
+    watch._stalls.append(stall)
+    monkeypatch.setattr(cpu_stalls, "_session_watch", watch)
 
     monkeypatch.setattr(cpu_stalls, "_test_started", 200.0)
     assert cpu_stalls.stalled_during_test(RuntimeError("HTTP 500")) is False
 
     monkeypatch.setattr(cpu_stalls, "_test_started", 150.0)  # the stall ended while this test ran
     assert cpu_stalls.stalled_during_test(RuntimeError("any failure")) is True
-    assert cpu_stalls.stalls_during_test() == [Stall(**old)]
+    assert cpu_stalls.stalls_during_test() == [stall]
 
 
-def test_without_a_monitor_nothing_is_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_stalls, "_session_monitor", None)
+def test_without_a_watch_nothing_is_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu_stalls, "_session_watch", None)
     assert cpu_stalls.stalled_during_test(None) is False

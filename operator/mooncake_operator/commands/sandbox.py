@@ -270,25 +270,32 @@ async def _main(options: SandboxOptions, prepared: Prepared, outcome: dict[str, 
     loop.add_signal_handler(signal.SIGTERM, main_task.cancel)
     started = time.monotonic()
     async with start_sandbox(options, prepared=prepared) as sandbox:
-        outcome["healthy_after_s"] = round(time.monotonic() - started, 1)
-        outcome["substitutions"] = sandbox.describe()
-        outcome["content_checks"] = CONTENT_CHECKS_OFF
-        for line in sandbox.describe():
-            _stderr_line(f"  {line}")
-        if scenario == REVISION_CHANGE:
-            return await _revision_change(sandbox, outcome, started)
-        result = await sandbox.guard(_canary(sandbox))
-        outcome["rss_bytes"] = sandbox.rss_bytes()
-        outcome["verdict"] = result.verdict.value
-        outcome["canary"] = json.loads(render_json(result))
-        outcome["canary_table"] = render_table(result)
-        verdict = result.verdict
-        if sandbox.ha is not None:
-            verdict = await _failover(sandbox, result, outcome)
-        outcome["verdict"] = verdict.value
-        if verdict is not Verdict.PASSED:
-            sandbox.keep_run_dir = True  # the engines' logs are the evidence
-            outcome["logs"] = str(sandbox.run_dir)
+        try:
+            return await _in_sandbox(sandbox, outcome, scenario, started)
+        finally:
+            outcome["cpu_stalls"] = [stall.describe() for stall in sandbox.cpu_stalls.stalls_since()]
+
+
+async def _in_sandbox(sandbox: Sandbox, outcome: dict[str, Any], scenario: str, started: float) -> int:
+    outcome["healthy_after_s"] = round(time.monotonic() - started, 1)
+    outcome["substitutions"] = sandbox.describe()
+    outcome["content_checks"] = CONTENT_CHECKS_OFF
+    for line in sandbox.describe():
+        _stderr_line(f"  {line}")
+    if scenario == REVISION_CHANGE:
+        return await _revision_change(sandbox, outcome, started)
+    result = await sandbox.guard(_canary(sandbox))
+    outcome["rss_bytes"] = sandbox.rss_bytes()
+    outcome["verdict"] = result.verdict.value
+    outcome["canary"] = json.loads(render_json(result))
+    outcome["canary_table"] = render_table(result)
+    verdict = result.verdict
+    if sandbox.ha is not None:
+        verdict = await _failover(sandbox, result, outcome)
+    outcome["verdict"] = verdict.value
+    if verdict is not Verdict.PASSED:
+        sandbox.keep_run_dir = True  # the engines' logs are the evidence
+        outcome["logs"] = str(sandbox.run_dir)
     if verdict is result.verdict:
         return result.exit_code  # an unreachable replica is an environment error (3), as in `canary`
     return VERDICT_EXIT[verdict]

@@ -41,6 +41,7 @@ from mooncake_operator.engine_args import (
     replica_launch,
 )
 from mooncake_operator.examples import customer_deployment
+from mooncake_operator.sandbox.cpu_stalls import CpuStallWatch
 from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
 from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
 from mooncake_operator.sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSetupError
@@ -88,6 +89,11 @@ WARM_UP_ATTEMPTS = 3
 WARM_UP_TIMEOUT_S = 180.0
 WARM_UP_METRICS_TIMEOUT_S = 30.0
 T = TypeVar("T")
+# What a stalled CPU does to a run, said next to each stall (docs/sandbox.md, "The cause").
+STALL_CONSEQUENCE = (
+    "whatever waits on a process of that CPU times out, e.g. a store transfer after 60 s as HTTP 500: "
+    "a failure in this run may be the machine's, not the engines'"
+)
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,8 @@ class Sandbox:
     replicas: list[Replica] = field(default_factory=list)
     ha: HaMasters | None = None  # with SandboxOptions.ha_masters: etcd and the electing masters
     keep_run_dir: bool = False  # set it to keep the logs although the block ends normally
+    # Stalls of this machine's CPUs while the sandbox runs (a verdict then may be the machine's fault).
+    cpu_stalls: CpuStallWatch = field(default_factory=CpuStallWatch)
     _stopped: bool = False
 
     # --- what users of the sandbox read ------------------------------------------------------------
@@ -625,11 +633,15 @@ async def start_sandbox(
         inherited_env=dict(os.environ if inherited_env is None else inherited_env),
     )
     failed = True
+    sandbox.cpu_stalls.start()
     try:
         await sandbox.start()
         yield sandbox
         failed = False
     finally:
+        sandbox.cpu_stalls.stop()
+        for stall in sandbox.cpu_stalls.stalls_since():
+            reporter.phase(f"this machine stalled: {stall.describe()} ({STALL_CONSEQUENCE})")
         problems = sandbox.stop()
         for problem in problems:
             reporter.phase(f"teardown problem: {problem}")
