@@ -61,9 +61,19 @@ if behaviour == "never-healthy":
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/metrics":
+            # Every answered chat counts as a 128-token load from the store, except when it never loads.
+            hits = 0 if behaviour == "never-loads" else 128 * Health.answered
+            body = f'vllm:external_prefix_cache_hits_total{{model_name="m"}} {hits}.0\n'.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
     posts = 0
+    answered = 0
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         Health.posts += 1
@@ -73,6 +83,7 @@ class Health(http.server.BaseHTTPRequestHandler):
             return
         body = json.dumps({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}],
                            "usage": {"prompt_tokens": 185, "completion_tokens": 1}}).encode()
+        Health.answered += 1
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -272,6 +283,22 @@ async def test_a_store_path_that_never_works_is_a_setup_error(
             inherited_env=_env(records, "chat-500"),
         ):
             pytest.fail("the sandbox must not start")
+
+
+async def test_a_store_path_that_answers_but_never_loads_is_a_setup_error(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    """HTTP 200 on both sides is not enough: the reader must have loaded from the store once."""
+    with pytest.raises(SandboxSetupError, match="failed 3 warm-up attempts") as caught:
+        async with start_sandbox(
+            _options(tmp_path),
+            progress=SilentProgress(),
+            prepared=prepared,
+            inherited_env=_env(records, "never-loads"),
+        ):
+            pytest.fail("the sandbox must not start")
+    assert "replica-B loaded nothing from the store" in str(caught.value)
+    assert "vllm:external_prefix_cache_hits_total did not rise" in str(caught.value)
 
 
 async def test_a_replica_dying_mid_run_fails_fast(tmp_path: Path, prepared: Prepared, records: Path) -> None:
