@@ -7,9 +7,10 @@ master's lease. Such a run says something about the machine, not about the engin
 says so (docs/sandbox.md, "The cause"), and the e2e tests rerun a failed test only after one.
 
 One daemon thread pinned to each CPU sleeps `tick_s` in a loop and records every wake-up more than
-`threshold_s` late. A pinned sleeper is woken within milliseconds on a busy CPU (measured here: the
-worst wake-up of a minute 0.1-0.25 s late at a load of 5 on 2 cores), so 5 s late means the CPU ran
-nothing of ours at all.
+`threshold_s` late. Measured on these VMs: a pinned sleeper wakes 0.002-0.05 s late on an idle or
+building machine and 1-4 s late several times a minute while the e2e engines run (often both CPUs at
+once: short pauses of the whole VM, which a 60 s transfer timeout rides out); the failures were 31-56 s.
+5 s is above every late wake-up seen outside a failure.
 """
 
 from __future__ import annotations
