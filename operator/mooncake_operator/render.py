@@ -238,7 +238,8 @@ def master_address(resource: MooncakeServing) -> str:
 
 def replica_set_name(resource: MooncakeServing, template: str | None = None) -> str:
     """The replica StatefulSet: NAME-replica (the first set, and every InPlace rollout), or, for a
-    BlueGreen candidate, NAME-r<7 hex of its pod template digest> (as long, so names stay in limits)."""
+    BlueGreen candidate, NAME-r<7 hex of its pod template digest> (within the pod label limit for
+    names of MAX_NAME_LENGTH: "<set>-<10 chars>" controller-revision-hash labels)."""
     name = resource.metadata.name
     return ChildNames.of(name).replicas if template is None else f"{name}-r{template[:7]}"
 
