@@ -372,3 +372,13 @@ def test_in_place_keeps_todays_status_shape() -> None:
     decision = decide(res, SERVING_BLUE, observed((B0, B1)), sets=SetChoice("InPlace", BLUE), fresh=fresh)
     assert decision.status.rollout == RolloutStatus(strategy="InPlace", serving_set=BLUE)
     assert decision.remove_sets == ()
+
+
+def test_a_serving_set_pod_replaced_mid_rollout_stays_out_and_says_why() -> None:
+    replaced = PodInfo(f"{BLUE}-1", "uid-new", True, False, "h", 0, "on")
+    decision = decide(resource(), SERVING_BLUE, observed((G0,), (B0, replaced), ready=False), sets=CANDIDATE)
+    assert serving_pods(decision) == {B0.name}
+    assert decision.traffic_labels == {replaced.name: "off"}
+    assert decision.status.traffic is not None
+    entry = next(e for e in decision.status.traffic.pods if e.uid == "uid-new")
+    assert "not proven" in entry.reason and BLUE in entry.reason

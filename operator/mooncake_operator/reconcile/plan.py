@@ -282,16 +282,23 @@ def pod_traffic(
     return entry(False, f"new pod at revision {revision}: waits for a canary to prove it")
 
 
-def other_set_traffic(pod: PodInfo, previous: PodTraffic | None, switched_to: str | None) -> PodTraffic:
+def other_set_traffic(
+    pod: PodInfo, previous: PodTraffic | None, serving_set: str | None, switched_to: str | None
+) -> PodTraffic:
     """A pod of a set the spec is not rendered into: as it was (the serving set during a BlueGreen
     rollout), out once the client Service switched to `switched_to`."""
-    if switched_to is not None:
-        reason = f"replaced by replica set {switched_to} (BlueGreen switch); its set is removed"
+
+    def out(reason: str) -> PodTraffic:
         return PodTraffic(name=pod.name, uid=pod.uid, revision=pod.revision, serving=False, reason=reason)
+
+    if switched_to is not None:
+        return out(f"replaced by replica set {switched_to} (BlueGreen switch); its set is removed")
     if previous is not None:
         return previous.model_copy(update={"name": pod.name, "revision": pod.revision})
-    reason = "not in the replica set the spec is rendered into; its set is removed"
-    return PodTraffic(name=pod.name, uid=pod.uid, revision=pod.revision, serving=False, reason=reason)
+    if serving_set is not None and in_set(pod.name, serving_set):
+        # Replaced during a BlueGreen rollout: no canary runs on the serving set until the rollout ends.
+        return out(f"new pod of serving set {serving_set} during a BlueGreen rollout: not proven")
+    return out("not in the replica set the spec is rendered into; its set is removed")
 
 
 def next_traffic(
@@ -302,6 +309,7 @@ def next_traffic(
     *,
     enabled: bool,
     candidate: str | None = None,
+    serving_set: str | None = None,
     switched: bool = False,
 ) -> TrafficStatus:
     """Every live replica pod (terminating ones are leaving the Service anyway), by name: the active
@@ -318,7 +326,7 @@ def next_traffic(
         pods.append(entry)
     switched_to = candidate if switched else None
     pods += [
-        other_set_traffic(pod, previous.get(pod.uid), switched_to)
+        other_set_traffic(pod, previous.get(pod.uid), serving_set, switched_to)
         for pod in observation.others
         if not pod.terminating
     ]
@@ -525,6 +533,7 @@ def plan(inputs: Inputs) -> Plan:
             held,
             enabled=enabled,
             candidate=sets.candidate,
+            serving_set=sets.serving,
             switched=switched,
         )
         rollout = rollout_status(sets, phase, canary, switched=switched, removed_candidate=roll_back)
