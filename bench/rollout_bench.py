@@ -81,8 +81,15 @@ def candidate(namespace: str, strategy: str) -> str:
 
 
 async def new_namespace(kube: KubeClient) -> str:
+    """A fresh namespace, once its default ServiceAccount exists (pods are refused before)."""
     name = f"bench-{uuid.uuid4().hex[:8]}"
     await kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+    async def account() -> bool:
+        found = await kube.get_or_none("v1", "ServiceAccount", "default", name)
+        return bool(found and found.get("secrets"))
+
+    await until(account, 30)
     return name
 
 
