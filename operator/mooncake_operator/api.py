@@ -980,6 +980,24 @@ class CanarySpec(ApiModel):
         return expectations
 
 
+RolloutStrategy = Literal["InPlace", "BlueGreen"]
+
+
+class RolloutSpec(ApiModel):
+    strategy: RolloutStrategy = Field(
+        default="InPlace",
+        description=(
+            "How a change of the replica pod template reaches users. InPlace (default): the replica "
+            "StatefulSet rolls one pod after another and a new pod joins the client Service only once a "
+            "canary proved it; it needs no GPUs beyond spec.replicas, which is why it is the default. "
+            "BlueGreen: a second replica set of the new revision comes up beside the serving one, the "
+            "canary proves it alone, and only then the client Service switches to it and the old set is "
+            "removed (a failed canary never switches: onFailure Hold keeps the new set for inspection, "
+            "Rollback removes it). It costs twice the replicas' GPUs during a rollout."
+        ),
+    )
+
+
 class MooncakeServingSpec(ApiModel):
     model: ModelSpec
     engine: EngineSpec
@@ -999,6 +1017,14 @@ class MooncakeServingSpec(ApiModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="NetworkPolicies of master and replicas."
     )
+    # Optional, so resources written before it existed keep their spec digest (revision) unchanged.
+    rollout: RolloutSpec | None = Field(
+        default=None, description="Rollout strategy of the replicas; unset: strategy InPlace."
+    )
+
+    @property
+    def rollout_strategy(self) -> RolloutStrategy:
+        return self.rollout.strategy if self.rollout is not None else "InPlace"
 
     @model_validator(mode="after")
     def _host_network_one_per_node(self) -> MooncakeServingSpec:
@@ -1113,6 +1139,29 @@ class TrafficStatus(ApiModel):
     pods: list[PodTraffic] = Field(default_factory=list)
 
 
+CandidatePhase = Literal["Deploying", "Canary", "Inconclusive", "Held"]
+
+
+class RolloutStatus(ApiModel):
+    """Which replica set serves users and, during a BlueGreen rollout, the candidate set and its phase."""
+
+    strategy: RolloutStrategy
+    serving_set: str | None = Field(
+        default=None, description="The replica StatefulSet whose proven pods serve users."
+    )
+    candidate_set: str | None = Field(
+        default=None, description="BlueGreen: the new revision's StatefulSet, not serving until it passes."
+    )
+    candidate_phase: CandidatePhase | None = Field(
+        default=None,
+        description=(
+            "Deploying, Canary (being proven), Inconclusive (retried; never switched to), Held (failed, "
+            "kept for inspection by onFailure Hold; never switched to)."
+        ),
+    )
+    message: str = ""
+
+
 class HighAvailabilityStatus(ApiModel):
     """Which master leads, as the masters themselves report it (/health), and how often it changed."""
 
@@ -1143,6 +1192,9 @@ class MooncakeServingStatus(ApiModel):
     )
     high_availability: HighAvailabilityStatus | None = Field(
         default=None, description="The masters' leader (store.master.highAvailability only)."
+    )
+    rollout: RolloutStatus | None = Field(
+        default=None, description="The serving replica set and, with BlueGreen, the candidate set."
     )
 
 

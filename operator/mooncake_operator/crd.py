@@ -56,6 +56,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Replica pods in the client Service (proven by a canary at their revision)",
         "jsonPath": ".status.traffic.serving",
     },
+    {
+        "name": "Candidate",
+        "type": "string",
+        "description": "BlueGreen: the candidate replica set's phase (Deploying, Canary, Inconclusive, Held)",
+        "jsonPath": ".status.rollout.candidatePhase",
+    },
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -65,6 +65,11 @@ TRAFFIC_ON = "on"
 TRAFFIC_OFF = "off"
 # Hash of the store config on the pod template: a config change rolls the replicas.
 CONFIG_HASH_ANNOTATION = f"{api.GROUP}/config-hash"
+# On a replica StatefulSet: the digest of the pod template it was applied with (BlueGreen compares it).
+TEMPLATE_ANNOTATION = f"{api.GROUP}/template"
+# On a BlueGreen candidate set's pods and selector: which set they belong to (sets share the instance's
+# labels, and a StatefulSet selector is immutable, so the first set keeps the plain selector).
+REPLICA_SET_LABEL = f"{api.GROUP}/replica-set"
 
 COMPONENT_MASTER = "store-master"
 COMPONENT_STORE_CONFIG = "store-config"
@@ -231,18 +236,28 @@ def master_address(resource: MooncakeServing) -> str:
     return f"{names.master}.{resource.metadata.namespace}.svc:{resource.spec.store.master.rpc_port}"
 
 
-def replica_pod_names(resource: MooncakeServing) -> list[str]:
-    names = ChildNames.of(resource.metadata.name)
-    return [f"{names.replicas}-{ordinal}" for ordinal in range(resource.spec.replicas)]
+def replica_set_name(resource: MooncakeServing, template: str | None = None) -> str:
+    """The replica StatefulSet: NAME-replica (the first set, and every InPlace rollout), or, for a
+    BlueGreen candidate, NAME-r<7 hex of its pod template digest> (within the pod label limit for
+    names of MAX_NAME_LENGTH: "<set>-<10 chars>" controller-revision-hash labels)."""
+    name = resource.metadata.name
+    return ChildNames.of(name).replicas if template is None else f"{name}-r{template[:7]}"
 
 
-def replica_urls(resource: MooncakeServing) -> list[str]:
-    """Per-replica base URLs through the headless Service, in ordinal order (what the canary addresses)."""
+def replica_pod_names(resource: MooncakeServing, replica_set: str | None = None) -> list[str]:
+    set_name = replica_set or ChildNames.of(resource.metadata.name).replicas
+    return [f"{set_name}-{ordinal}" for ordinal in range(resource.spec.replicas)]
+
+
+def replica_urls(resource: MooncakeServing, replica_set: str | None = None) -> list[str]:
+    """Per-replica base URLs through the headless Service, in ordinal order (what the canary addresses).
+    Every set's pods use the one headless Service: it selects all of the instance's replica pods."""
     names = ChildNames.of(resource.metadata.name)
     namespace = resource.metadata.namespace
     port = resource.spec.engine.port
     return [
-        f"http://{pod}.{names.headless_service}.{namespace}.svc:{port}" for pod in replica_pod_names(resource)
+        f"http://{pod}.{names.headless_service}.{namespace}.svc:{port}"
+        for pod in replica_pod_names(resource, replica_set)
     ]
 
 
@@ -449,8 +464,43 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     return volumes
 
 
-def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
+def replica_template_id(resource: MooncakeServing) -> str:
+    """Digest of the replica pod template the spec renders (the set's own label aside): a change starts
+    a BlueGreen candidate."""
+    template = _replica_pod_template(resource, selector(resource, COMPONENT_REPLICA))
+    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def replica_stateful_set(
+    resource: MooncakeServing, *, owner_uid: str | None, replica_set: str | None = None
+) -> Manifest:
+    """The replica StatefulSet, NAME-replica or (`replica_set`) a BlueGreen set of another name, whose
+    selector and pods also carry the set's label."""
     names = ChildNames.of(resource.metadata.name)
+    spec = resource.spec
+    set_name = replica_set or names.replicas
+    set_selector = selector(resource, COMPONENT_REPLICA)
+    if set_name != names.replicas:
+        set_selector[REPLICA_SET_LABEL] = set_name
+    stateful_set_spec: dict[str, Any] = {
+        "serviceName": names.headless_service,
+        "replicas": spec.replicas,
+        # Replicas do not depend on each other; start and replace them in parallel (loading is slow).
+        "podManagementPolicy": "Parallel",
+        "updateStrategy": {"type": "RollingUpdate"},
+        "selector": {"matchLabels": set_selector},
+        "template": _replica_pod_template(resource, set_selector),
+    }
+    claim = cache_claim_template(resource)
+    if claim is not None:
+        stateful_set_spec["volumeClaimTemplates"] = [claim]
+    metadata = object_meta(resource, set_name, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid)
+    metadata["annotations"] = {TEMPLATE_ANNOTATION: replica_template_id(resource)}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata, "spec": stateful_set_spec}
+
+
+def _replica_pod_template(resource: MooncakeServing, set_selector: dict[str, str]) -> dict[str, Any]:
     spec = resource.spec
     launch = replica_launch(
         spec,
@@ -459,7 +509,7 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
         store_config_path=DEFAULT_STORE_CONFIG_PATH,
         ha=ha_topology(resource),
     )
-    pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_OFF}
+    pod_labels = {**labels(resource, "vllm", COMPONENT_REPLICA), **set_selector, TRAFFIC_LABEL: TRAFFIC_OFF}
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
         "image": spec.engine.image,
@@ -493,34 +543,12 @@ def replica_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) ->
         "containers": [container],
         "volumes": _replica_volumes(resource),
     }
-    stateful_set_spec: dict[str, Any] = {
-        "serviceName": names.headless_service,
-        "replicas": spec.replicas,
-        # Replicas do not depend on each other; start and replace them in parallel (loading is slow).
-        "podManagementPolicy": "Parallel",
-        "updateStrategy": {"type": "RollingUpdate"},
-        "selector": {"matchLabels": selector(resource, COMPONENT_REPLICA)},
-        "template": {
-            "metadata": {
-                "labels": {**_extra_pod_labels(spec), **pod_labels},
-                "annotations": {
-                    **_extra_pod_annotations(spec),
-                    CONFIG_HASH_ANNOTATION: config_hash(resource),
-                },
-            },
-            "spec": pod_spec,
-        },
-    }
-    claim = cache_claim_template(resource)
-    if claim is not None:
-        stateful_set_spec["volumeClaimTemplates"] = [claim]
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": object_meta(
-            resource, names.replicas, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid
-        ),
-        "spec": stateful_set_spec,
+        "metadata": {
+            "labels": {**_extra_pod_labels(spec), **pod_labels},
+            "annotations": {**_extra_pod_annotations(spec), CONFIG_HASH_ANNOTATION: config_hash(resource)},
+        },
+        "spec": pod_spec,
     }
 
 
@@ -1069,19 +1097,25 @@ def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> lis
 
 
 def render_all(
-    resource: MooncakeServing, *, owner_uid: str | None, policy_api_version: str = POLICY_V1
+    resource: MooncakeServing,
+    *,
+    owner_uid: str | None,
+    policy_api_version: str = POLICY_V1,
+    replica_set: str | None = None,
 ) -> list[Manifest]:
     """Every child object, in apply order: network policies first (so no pod starts unprotected),
     config and master, replicas next, services and the disruption budget for them.
 
     `policy_api_version`: the PodDisruptionBudget's apiVersion the cluster serves (`policy/v1` from
-    Kubernetes 1.21 on; the operator asks the API server which one it serves)."""
+    Kubernetes 1.21 on; the operator asks the API server which one it serves). `replica_set`: the
+    replica StatefulSet rendered from this spec (a BlueGreen candidate's name); another set (the one
+    serving during a BlueGreen rollout) is not rendered, so it is left as it runs."""
     return [
         *network_policies(resource, owner_uid=owner_uid),
         store_config_map(resource, owner_uid=owner_uid),
         *_master_children(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),
-        replica_stateful_set(resource, owner_uid=owner_uid),
+        replica_stateful_set(resource, owner_uid=owner_uid, replica_set=replica_set),
         client_service(resource, owner_uid=owner_uid),
         pod_disruption_budget(resource, owner_uid=owner_uid, api_version=policy_api_version),
     ]

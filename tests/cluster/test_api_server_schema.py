@@ -546,6 +546,7 @@ async def test_status_subresource_and_printer_columns(
         ("Canary", "string", ".status.canary.verdict"),
         ("ExtHit", "integer", ".status.canary.externalHitTokens"),
         ("Serving", "integer", ".status.traffic.serving"),
+        ("Candidate", "string", ".status.rollout.candidatePhase"),
         ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
         ("Age", "date", ".metadata.creationTimestamp"),
     ]
@@ -573,6 +574,12 @@ async def test_status_subresource_and_printer_columns(
         ],
         "replicas": {"desired": 2, "ready": 2},
         "traffic": {"serving": 2},
+        "rollout": {
+            "strategy": "BlueGreen",
+            "servingSet": f"{name}-replica",
+            "candidateSet": f"{name}-r1a2b3c4",
+            "candidatePhase": "Held",
+        },
         "canary": {
             "runId": "run-1",
             "verdict": "Passed",
@@ -607,17 +614,12 @@ async def test_status_subresource_and_printer_columns(
 
     table = table_of(kube_cluster, namespace, name)
     headers = [c["name"] for c in table["columnDefinitions"]]
-    assert headers == ["Name", "Phase", "Canary", "ExtHit", "Serving", "Ready", "Age"]
+    assert headers == ["Name", "Phase", "Canary", "ExtHit", "Serving", "Candidate", "Ready", "Age"]
     (row,) = table["rows"]
     cells = dict(zip(headers, row["cells"], strict=True))
     assert cells["Name"] == name
-    assert (cells["Phase"], cells["Canary"], cells["ExtHit"], cells["Serving"], cells["Ready"]) == (
-        "Ready",
-        "Passed",
-        128,
-        2,
-        "True",
-    )
+    shown = ("Phase", "Canary", "ExtHit", "Serving", "Candidate", "Ready")
+    assert tuple(cells[column] for column in shown) == ("Ready", "Passed", 128, 2, "Held", "True")
     assert isinstance(cells["Age"], str) and cells["Age"], cells
 
 

@@ -68,6 +68,7 @@ def test_names_versions_subresources_and_columns() -> None:
         "Canary": ".status.canary.verdict",
         "ExtHit": ".status.canary.externalHitTokens",
         "Serving": ".status.traffic.serving",
+        "Candidate": ".status.rollout.candidatePhase",
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Age": ".metadata.creationTimestamp",
     }

@@ -112,6 +112,8 @@ class World:
             return httpx.Response(200, json=self.objects[path])
         if method in ("PATCH", "POST"):
             return httpx.Response(200, json=json.loads(request.content))
+        if method == "DELETE" and path in self.objects:
+            return httpx.Response(200, json=self.objects.pop(path))
         raise AssertionError(f"unexpected {method} {path}")
 
 
@@ -141,17 +143,7 @@ def held_world() -> tuple[World, MooncakeServing]:
     }
     body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec, "status": status}
     world.put("/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo", body)
-    for manifest in render.render_all(resource, owner_uid="uid-demo"):
-        child = with_applied_hash(manifest)
-        child["metadata"]["generation"] = 1
-        kind = child["kind"]
-        if kind == "StatefulSet":
-            child["status"] = {"observedGeneration": 1, "updateRevision": "hash-a"}
-        if kind == "Deployment":
-            child["status"] = {"observedGeneration": 1, "updatedReplicas": 1}
-        group = "/apis/apps/v1" if kind in ("StatefulSet", "Deployment") else "/api/v1"
-        plural = {"StatefulSet": "statefulsets", "Deployment": "deployments"}.get(kind, kind.lower() + "s")
-        world.put(f"{group}/namespaces/ns/{plural}/{child['metadata']['name']}", child)
+    put_children(world, resource)
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
     managed = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
     master_labels = {**render.selector(resource, render.COMPONENT_MASTER), **managed}
@@ -165,23 +157,106 @@ def held_world() -> tuple[World, MooncakeServing]:
         },
     )
     for ordinal, traffic in ((0, "on"), (1, "off")):
-        labels = {
-            **render.selector(resource, render.COMPONENT_REPLICA),
-            **managed,
-            REVISION_LABEL: "hash-a",
-            render.TRAFFIC_LABEL: traffic,
-        }
-        name = f"demo-replica-{ordinal}"
-        world.put(
-            f"/api/v1/namespaces/ns/pods/{name}",
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": name, "namespace": "ns", "uid": f"p{ordinal}", "labels": labels},
-                "status": ready,
-            },
-        )
+        put_replica_pod(world, resource, f"demo-replica-{ordinal}", f"p{ordinal}", traffic)
     return world, resource
+
+
+def put_children(world: World, resource: MooncakeServing, replica_set: str | None = None) -> None:
+    """The rendered children, rolled out (the StatefulSet at revision hash-a)."""
+    for manifest in render.render_all(resource, owner_uid="uid-demo", replica_set=replica_set):
+        child = with_applied_hash(manifest)
+        child["metadata"]["generation"] = 1
+        kind = child["kind"]
+        if kind == "StatefulSet":
+            child["status"] = {"observedGeneration": 1, "updateRevision": "hash-a"}
+        if kind == "Deployment":
+            child["status"] = {"observedGeneration": 1, "updatedReplicas": 1}
+        group = "/apis/apps/v1" if kind in ("StatefulSet", "Deployment") else "/api/v1"
+        plural = {"StatefulSet": "statefulsets", "Deployment": "deployments"}.get(kind, kind.lower() + "s")
+        world.put(f"{group}/namespaces/ns/{plural}/{child['metadata']['name']}", child)
+
+
+def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
+    labels = {
+        **render.selector(resource, render.COMPONENT_REPLICA),
+        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        REVISION_LABEL: "hash-a",
+        render.TRAFFIC_LABEL: traffic,
+    }
+    world.put(
+        f"/api/v1/namespaces/ns/pods/{name}",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": labels},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        },
+    )
+
+
+def blue_green_world() -> tuple[World, str]:
+    """BlueGreen without a canary: demo-replica (image 1) serves; the spec moved to image 2, whose
+    candidate set is up with both replicas Ready. Returns the world and the candidate's name."""
+
+    def spec(image: str) -> dict[str, Any]:
+        return {
+            "model": {"name": "tiny"},
+            "engine": {"image": image, "blockSize": 32},
+            "replicas": 2,
+            "store": {"globalSegmentSize": "1GB", "localBufferSize": "512MB"},
+            "canary": {"enabled": False},
+            "rollout": {"strategy": "BlueGreen"},
+        }
+
+    meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
+
+    def parsed(image: str) -> MooncakeServing:
+        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec(image)}
+        return api.parse_resource(body)
+
+    old, new = parsed("registry.invalid/vllm:1"), parsed("registry.invalid/vllm:2")
+    candidate = render.replica_set_name(new, render.replica_template_id(new))
+    world = World()
+    pods = [
+        {"name": f"demo-replica-{i}", "uid": f"b{i}", "serving": True, "reason": "proven", "provenBy": "r1"}
+        for i in (0, 1)
+    ]
+    status = {
+        "phase": "Ready",
+        "traffic": {"serving": 2, "pods": pods},
+        "rollout": {"strategy": "BlueGreen", "servingSet": "demo-replica"},
+    }
+    body = {
+        "apiVersion": api.API_VERSION,
+        "kind": api.KIND,
+        "metadata": meta,
+        "spec": spec("registry.invalid/vllm:2"),
+        "status": status,
+    }
+    world.put("/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo", body)
+    put_children(world, old)
+    put_children(world, new, candidate)
+    world.put(
+        "/api/v1/namespaces/ns/pods/demo-master-x",
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "demo-master-x",
+                "namespace": "ns",
+                "uid": "m",
+                "labels": {
+                    **render.selector(new, render.COMPONENT_MASTER),
+                    render.LABEL_MANAGED_BY: render.MANAGED_BY,
+                },
+            },
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        },
+    )
+    for i in (0, 1):
+        put_replica_pod(world, old, f"demo-replica-{i}", f"b{i}", "on")
+        put_replica_pod(world, new, f"{candidate}-{i}", f"g{i}", "off")
+    return world, candidate
 
 
 def runtime_of(world: World) -> Runtime:
@@ -284,3 +359,31 @@ async def test_absurd_quantities_are_invalid_not_retried_exceptions(
     assert outcome.result is ReconcileResult.INVALID
     assert status_patches[-1]["status"]["phase"] == "Invalid"
     assert "too large" in outcome.message
+
+
+async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_deletes_the_old_set(
+    closing: list[Runtime],
+) -> None:
+    world, candidate = blue_green_world()
+    runtime = runtime_of(world)
+    closing.append(runtime)
+    outcome = await reconcile(runtime, "ns", "demo")
+    assert outcome.result is ReconcileResult.READY, outcome.message
+    writes = [(method, path) for method, path in world.requests if method in ("PATCH", "DELETE")]
+    status_path = "/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo/status"
+    # Pods going in first, so the client Service is never empty; the old set goes last.
+    assert writes[-6:] == [
+        ("PATCH", status_path),
+        ("PATCH", f"/api/v1/namespaces/ns/pods/{candidate}-0"),
+        ("PATCH", f"/api/v1/namespaces/ns/pods/{candidate}-1"),
+        ("PATCH", "/api/v1/namespaces/ns/pods/demo-replica-0"),
+        ("PATCH", "/api/v1/namespaces/ns/pods/demo-replica-1"),
+        ("DELETE", "/apis/apps/v1/namespaces/ns/statefulsets/demo-replica"),
+    ]
+    # The serving set was never re-applied (it ran as it was until removed).
+    assert ("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/demo-replica") not in world.requests
+    for i in (0, 1):
+        labels = world.objects[f"/api/v1/namespaces/ns/pods/{candidate}-{i}"]["metadata"]["labels"]
+        assert labels[render.TRAFFIC_LABEL] == "on"
+        labels = world.objects[f"/api/v1/namespaces/ns/pods/demo-replica-{i}"]["metadata"]["labels"]
+        assert labels[render.TRAFFIC_LABEL] == "off"

@@ -8,7 +8,7 @@ import pytest
 
 from mooncake_operator import api, render
 from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile.observe import master_state, pod_info, replica_state
+from mooncake_operator.reconcile.observe import in_set, master_state, pod_info, replica_state
 
 pytestmark = pytest.mark.unit
 
@@ -85,3 +85,14 @@ def test_replicas_are_ready_when_every_pod_is_ready_at_the_update_revision() -> 
     assert not extra.all_ready and "scaling down: minimax-m25-replica-2" in extra.message
     assert not replica_state(RESOURCE, workload(observed=1, updateRevision="rev-2"), []).all_ready
     assert replica_state(RESOURCE, None, []).message == "replica StatefulSet not found"
+
+
+def test_pods_belong_to_their_own_replica_set_only() -> None:
+    assert in_set("demo-replica-0", "demo-replica")
+    assert in_set("demo-replica-12", "demo-replica")
+    assert not in_set("demo-r1a2b3c4-0", "demo-replica")
+    assert in_set("demo-r1a2b3c4-0", "demo-r1a2b3c4")
+    assert not in_set("demo-replica-0", "demo-r1a2b3c4")
+    # An all-digit template prefix does not make the first set's pattern match it.
+    assert not in_set("demo-r1234567-0", "demo-r")
+    assert not in_set("demo-replica", "demo-replica")

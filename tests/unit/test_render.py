@@ -470,3 +470,50 @@ def test_render_command_missing_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["render", "-f", str(tmp_path / "absent.yaml")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "absent.yaml" in captured.err
+
+
+# --- BlueGreen replica sets --------------------------------------------------------------------------
+
+
+def _with_spec(resource: MooncakeServing, **changes: Any) -> MooncakeServing:
+    return resource.model_copy(update={"spec": resource.spec.model_copy(update=changes)})
+
+
+def test_a_blue_green_candidate_set_has_its_own_name_selector_and_pods() -> None:
+    resource = customer_deployment()
+    template = render.replica_template_id(resource)
+    name = render.replica_set_name(resource, template)
+    plain = render.replica_stateful_set(resource, owner_uid="uid-1")
+    candidate = render.replica_stateful_set(resource, owner_uid="uid-1", replica_set=name)
+    assert candidate["metadata"]["name"] == name != plain["metadata"]["name"]
+    assert candidate["metadata"]["ownerReferences"] == plain["metadata"]["ownerReferences"]
+    # Its selector (immutable) and pods name the set; the first set's stay as they always were.
+    selector = candidate["spec"]["selector"]["matchLabels"]
+    assert selector == {**plain["spec"]["selector"]["matchLabels"], render.REPLICA_SET_LABEL: name}
+    assert render.REPLICA_SET_LABEL not in plain["spec"]["template"]["metadata"]["labels"]
+    pod_labels = candidate["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels[render.REPLICA_SET_LABEL] == name
+    assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_OFF  # out of traffic until proven
+    # The one headless Service gives every set's pods their names; the master is shared.
+    assert candidate["spec"]["serviceName"] == plain["spec"]["serviceName"]
+    assert render.replica_pod_names(resource, name) == [f"{name}-{i}" for i in range(resource.spec.replicas)]
+    assert all(f"//{name}-" in url for url in render.replica_urls(resource, name))
+    # Both carry the template digest, computed without the set's own label.
+    assert candidate["metadata"]["annotations"][render.TEMPLATE_ANNOTATION] == template
+    assert plain["metadata"]["annotations"][render.TEMPLATE_ANNOTATION] == template
+    manifests = render.render_all(resource, owner_uid="uid-1", replica_set=name)
+    stateful_sets = [m["metadata"]["name"] for m in manifests if m["kind"] == "StatefulSet"]
+    assert stateful_sets == [name]
+
+
+def test_the_template_digest_follows_the_pod_template_only() -> None:
+    resource = customer_deployment()
+    template = render.replica_template_id(resource)
+    # A replica count or canary change keeps the set; a KV-shaping change (fingerprint) or image does not.
+    assert render.replica_template_id(_with_spec(resource, replicas=3)) == template
+    canary = resource.spec.canary.model_copy(update={"interval_seconds": 600})
+    assert render.replica_template_id(_with_spec(resource, canary=canary)) == template
+    engine = resource.spec.engine.model_copy(update={"image": "registry.invalid/other:1"})
+    changed = _with_spec(resource, engine=engine)
+    assert render.replica_template_id(changed) != template
+    assert kv_fingerprint(changed.spec) != kv_fingerprint(resource.spec)

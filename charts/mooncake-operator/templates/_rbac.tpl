@@ -1,7 +1,8 @@
 {{/*
 The operator's permissions, least privilege: exactly the list in docs/operator.md ("RBAC"), which
-tests/unit/test_chart_rbac.py compares these rules with. Nothing deletes (the garbage collector removes
-children through their owner references), nothing reads Secrets (the HF token is a secretKeyRef the
+tests/unit/test_chart_rbac.py compares these rules with. Nothing deletes but replica StatefulSets (the
+garbage collector removes children through their owner references; a BlueGreen rollout retires a replica
+set while its owner lives), nothing reads Secrets (the HF token is a secretKeyRef the
 kubelet resolves), no kopf peering objects (the operator runs standalone).
 */}}
 
@@ -51,6 +52,12 @@ authorized as a create. */}}
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
   verbs: ["list", "watch", "create", "patch"]
+# BlueGreen rollouts: the old replica set after the switch, a candidate that failed (Rollback) or that
+# the spec no longer asks for. RBAC cannot narrow a delete to the replica sets; the operator deletes only
+# StatefulSets its watch cache holds as its own replica sets.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list", "watch", "create", "patch"]

@@ -24,7 +24,13 @@ from mooncake_operator import api
 from mooncake_operator.kube import KubeApiError, KubeClient
 from mooncake_operator.operator_settings import FIELD_MANAGER
 from mooncake_operator.reconcile.cache import WatchCache
-from mooncake_operator.render import LABEL_MANAGED_BY, MANAGED_BY, ChildRef
+from mooncake_operator.render import (
+    COMPONENT_REPLICA,
+    LABEL_COMPONENT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    ChildRef,
+)
 
 Manifest = dict[str, Any]
 
@@ -185,3 +191,18 @@ async def scale_down_retired(
         )
         scaled.append(ref)
     return scaled
+
+
+async def remove_replica_sets(
+    kube: KubeClient, cache: WatchCache, namespace: str, names: Sequence[str]
+) -> None:
+    """Delete replica StatefulSets the plan retired (an old BlueGreen set, a candidate no longer wanted);
+    the garbage collector then deletes their pods. Only sets found in the watch cache as this operator's
+    replica sets are deleted; each is forgotten at once, so the next pass does not count it as live."""
+    for name in names:
+        live = cache.get("apps/v1", "StatefulSet", namespace, name)
+        labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_COMPONENT) != COMPONENT_REPLICA:
+            continue
+        await kube.delete("apps/v1", "StatefulSet", name, namespace, missing_ok=True)
+        cache.forget("apps/v1", "StatefulSet", namespace, name)

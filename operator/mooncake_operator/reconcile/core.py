@@ -34,9 +34,10 @@ from mooncake_operator.reconcile.children import (
     ApplyError,
     ImmutableChangeError,
     ensure_children,
+    remove_replica_sets,
     scale_down_retired,
 )
-from mooncake_operator.reconcile.observe import Observation, observe
+from mooncake_operator.reconcile.observe import Observation, observe, replica_sets
 from mooncake_operator.reconcile.plan import Outcome
 from mooncake_operator.reconcile.revisions import read_verified_last_good, write_last_good
 from mooncake_operator.reconcile.traffic import set_traffic
@@ -305,8 +306,12 @@ class _Pass:
         )
         choice = plan.choose_revision(self.resource, self.state.current, last_good)
         serving = self.resource.model_copy(update={"spec": choice.spec})
+        live = replica_sets(self.runtime.cache, self.resource)
+        sets = plan.choose_sets(self.resource, self.state.current, live, render.replica_template_id(serving))
         policy = await self.runtime.policy_api_version()
-        manifests = render.render_all(serving, owner_uid=self.uid, policy_api_version=policy)
+        manifests = render.render_all(
+            serving, owner_uid=self.uid, policy_api_version=policy, replica_set=sets.active
+        )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
         except ImmutableChangeError as error:
@@ -321,7 +326,7 @@ class _Pass:
             await scale_down_retired(
                 self.kube, self.runtime.cache, self.namespace, render.retired_workloads(serving)
             )
-        observation = await self.observe_leader(serving, observe(self.runtime.cache, serving))
+        observation = await self.observe_leader(serving, observe(self.runtime.cache, serving, sets.active))
         inputs = plan.Inputs(
             resource=self.resource,
             current=self.state.current,
@@ -332,12 +337,13 @@ class _Pass:
             timing=self.timing,
             high_availability=self.high_availability,
             last_good_refused=refused,
+            sets=sets,
         )
         decision = plan.plan(inputs)
         await self.execute(decision)
         if decision.run_canary is not None:
             logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, decision.run_canary.why)
-            fresh = await self.run_canary(serving, decision.run_canary.target)
+            fresh = await self.run_canary(serving, sets.active, decision.run_canary.target)
             logger.info(
                 "%s/%s canary %s: %s",
                 self.namespace,
@@ -368,18 +374,30 @@ class _Pass:
         return found.observation
 
     async def execute(self, decision: plan.Plan) -> None:
-        """Record the last good revision, write the status, then set the traffic labels: a status write
-        that fails leaves every label as it was."""
+        """Record the last good revision, write the status, set the traffic labels, then delete the sets
+        the plan retires: a status write that fails leaves every label and set as it was, and an old set
+        goes only once its successor's pods are in the client Service."""
         if decision.record_last_good is not None:
             await write_last_good(self.kube, self.resource, decision.record_last_good, owner_uid=self.uid)
         await self.state.write(decision.verdict, decision.status)
         await set_traffic(self.kube, self.namespace, decision.traffic_labels)
+        if decision.remove_sets:
+            logger.info(
+                "%s/%s removing replica sets %s",
+                self.namespace,
+                self.resource.metadata.name,
+                ", ".join(decision.remove_sets),
+            )
+            await remove_replica_sets(self.kube, self.runtime.cache, self.namespace, decision.remove_sets)
 
-    def replica_urls(self, serving: MooncakeServing) -> list[str] | str:
-        """The canary's URLs, or why there are none to use."""
-        mapped = self.settings.endpoints_for(self.namespace, serving.metadata.name)
+    def replica_urls(self, serving: MooncakeServing, replica_set: str) -> list[str] | str:
+        """The canary's URLs, or why there are none to use. Mapped URLs (an operator outside the
+        cluster, tests) are looked up by the set's name, then by the resource's."""
+        mapped = self.settings.endpoints_for(self.namespace, replica_set) or self.settings.endpoints_for(
+            self.namespace, serving.metadata.name
+        )
         if mapped is None:
-            return render.replica_urls(serving)
+            return render.replica_urls(serving, replica_set)
         if len(mapped) != serving.spec.replicas:
             return (
                 f"the operator's replica endpoints list {len(mapped)} URLs for "
@@ -387,10 +405,12 @@ class _Pass:
             )
         return list(mapped)
 
-    async def run_canary(self, serving: MooncakeServing, target: api.CanaryTarget) -> plan.CanaryRun:
-        """Run it; returns the status evidence and the pods a failure blames."""
-        pod_names = render.replica_pod_names(serving)
-        urls = self.replica_urls(serving)
+    async def run_canary(
+        self, serving: MooncakeServing, replica_set: str, target: api.CanaryTarget
+    ) -> plan.CanaryRun:
+        """Run it against the set's pods; returns the status evidence and the pods a failure blames."""
+        pod_names = render.replica_pod_names(serving, replica_set)
+        urls = self.replica_urls(serving, replica_set)
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))

@@ -56,9 +56,20 @@ class ReplicaState:
 
 
 @dataclass(frozen=True)
+class LiveSet:
+    """A replica StatefulSet of the resource, as found."""
+
+    name: str
+    template: str | None  # its template annotation (None: applied before sets carried one)
+
+
+@dataclass(frozen=True)
 class Observation:
     master: MasterState
-    replicas: ReplicaState
+    replicas: ReplicaState  # the set rendered from the spec (the active one)
+    # Replica pods of the resource's other sets: the serving set while a BlueGreen candidate is proven,
+    # or sets on their way out. Ordered by name.
+    others: tuple[PodInfo, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -131,9 +142,14 @@ def ha_master_rollout_state(
 
 
 def replica_state(
-    resource: MooncakeServing, stateful_set: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
+    resource: MooncakeServing,
+    stateful_set: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+    replica_set: str | None = None,
 ) -> ReplicaState:
+    """The set `replica_set` (default NAME-replica): `pods` are that set's."""
     desired = resource.spec.replicas
+    names = render.replica_pod_names(resource, replica_set)
     infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
     if stateful_set is None:
         return ReplicaState(desired, 0, False, "replica StatefulSet not found", infos)
@@ -141,18 +157,16 @@ def replica_state(
     if not _generation_observed(stateful_set) or update_revision is None:
         return ReplicaState(desired, 0, False, "replica StatefulSet: rollout not yet observed", infos)
     by_name = {info.name: info for info in infos}
-    current = [by_name.get(name) for name in render.replica_pod_names(resource)]
+    current = [by_name.get(name) for name in names]
     ready = [
         info
         for info in current
         if info is not None and info.ready and not info.terminating and info.revision == update_revision
     ]
     ready_names = {info.name for info in ready}
-    missing = [
-        name for name, info in zip(render.replica_pod_names(resource), current, strict=True) if not info
-    ]
+    missing = [name for name, info in zip(names, current, strict=True) if not info]
     outdated = [info.name for info in current if info is not None and info.revision != update_revision]
-    extra = sorted(set(by_name) - set(render.replica_pod_names(resource)))
+    extra = sorted(set(by_name) - set(names))
     problems = []
     if missing:
         problems.append(f"not created yet: {', '.join(missing)}")
@@ -173,23 +187,55 @@ def replica_state(
     return ReplicaState(desired, len(ready), not (outdated or extra or missing), message, infos)
 
 
-def observe(cache: WatchCache, resource: MooncakeServing) -> Observation:
-    """From the watch cache: the master and replica workloads and the resource's pods, by component."""
+def in_set(pod_name: str, replica_set: str) -> bool:
+    """A StatefulSet's pods are SET-<ordinal>. (NAME-replica-0 is not NAME-r1a2b3c4-0's, nor the reverse.)"""
+    ordinal = pod_name.removeprefix(f"{replica_set}-")
+    return ordinal != pod_name and ordinal.isdigit()
+
+
+def replica_sets(cache: WatchCache, resource: MooncakeServing) -> list[LiveSet]:
+    """The resource's replica StatefulSets (not being deleted), by name."""
+    found = []
+    for stateful_set in cache.owned(
+        "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
+    ):
+        metadata = stateful_set.get("metadata") or {}
+        if _component(stateful_set) != render.COMPONENT_REPLICA or metadata.get("deletionTimestamp"):
+            continue
+        template = (metadata.get("annotations") or {}).get(render.TEMPLATE_ANNOTATION)
+        found.append(LiveSet(str(metadata.get("name", "")), template))
+    return sorted(found, key=lambda live: live.name)
+
+
+def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | None = None) -> Observation:
+    """From the watch cache: the master, the replica set `replica_set` (default NAME-replica) and the
+    resource's pods, by component and set."""
     name, namespace = resource.metadata.name, resource.metadata.namespace
     names = render.ChildNames.of(name)
+    set_name = replica_set or names.replicas
     ha = render.ha_enabled(resource)
     master_kind = "StatefulSet" if ha else "Deployment"
     master_workload = cache.get("apps/v1", master_kind, namespace, names.master)
-    stateful_set = cache.get("apps/v1", "StatefulSet", namespace, names.replicas)
+    stateful_set = cache.get("apps/v1", "StatefulSet", namespace, set_name)
     pods = cache.owned("v1", "Pod", namespace, name)
     master_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_MASTER]
     replica_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_REPLICA]
+    own = [pod for pod in replica_pods if in_set(_name(pod), set_name)]
+    others = tuple(
+        sorted(
+            (pod_info(pod) for pod in replica_pods if not in_set(_name(pod), set_name)), key=lambda i: i.name
+        )
+    )
     master = (
         ha_master_rollout_state(resource, master_workload, master_pods)
         if ha
         else master_state(master_workload, master_pods)
     )
-    return Observation(master, replica_state(resource, stateful_set, replica_pods))
+    return Observation(master, replica_state(resource, stateful_set, own, set_name), others)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 def _component(pod: Mapping[str, Any]) -> str | None:

@@ -13,6 +13,13 @@ and a pod's template never changes under one UID, so the record is per pod insta
 while their UID lives, so a proven revision's pods serve during an in-place rollout until replaced; a
 replaced or new pod waits for a pass. A failed run holds the pods it blames (`outOfTraffic`, by name,
 until a pass); an inconclusive one changes nothing. With the canary disabled every pod serves.
+
+Rollout strategies (`choose_sets`): InPlace renders the spec into the serving StatefulSet, which rolls.
+BlueGreen does so too while the pod template is unchanged (or nothing serves users yet); a new template
+is rendered into a candidate set of its own beside the serving one, which is left as it runs. The canary
+proves the candidate's pods alone; on a pass the status names the candidate as serving, its pods go on
+and the old set's off, then the old set is deleted. A failed or inconclusive candidate never serves:
+Hold keeps it for inspection, Rollback deletes it (and renders the last good spec, the serving set's).
 """
 
 from __future__ import annotations
@@ -26,19 +33,22 @@ from mooncake_operator import render
 from mooncake_operator.api import (
     CanaryStatus,
     CanaryTarget,
+    CandidatePhase,
     HighAvailabilityStatus,
     MooncakeServing,
     MooncakeServingSpec,
     MooncakeServingStatus,
     PodTraffic,
     ReplicaCounts,
+    RolloutStatus,
+    RolloutStrategy,
     TrafficStatus,
 )
 from mooncake_operator.conditions import READY, merge_conditions
 from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.operator_settings import RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile import proof, status
-from mooncake_operator.reconcile.observe import Observation, PodInfo
+from mooncake_operator.reconcile.observe import LiveSet, Observation, PodInfo, in_set
 from mooncake_operator.reconcile.revisions import LastGood
 
 
@@ -75,6 +85,21 @@ class CanaryOrder:
 
 
 @dataclass(frozen=True)
+class SetChoice:
+    """The replica set the spec is rendered into (`active`) and, only while `active` is a BlueGreen
+    candidate, the set that serves users meanwhile (`serving`: not rendered, left as it runs)."""
+
+    strategy: RolloutStrategy
+    active: str
+    serving: str | None = None
+    remove: tuple[str, ...] = ()  # other sets of the resource: deleted after the status and labels
+
+    @property
+    def candidate(self) -> str | None:
+        return self.active if self.serving is not None else None
+
+
+@dataclass(frozen=True)
 class Timing:
     retry_delay_seconds: float
     inconclusive_retry_seconds: float
@@ -92,6 +117,7 @@ class Inputs:
     fresh: CanaryRun | None = None  # a run that finished in this pass
     high_availability: HighAvailabilityStatus | None = None  # the masters' leader, as tracked this pass
     last_good_refused: str | None = None  # why the stored last good record was not trusted
+    sets: SetChoice | None = None  # None: InPlace into NAME-replica (no other set exists)
 
 
 @dataclass(frozen=True)
@@ -104,6 +130,9 @@ class Plan:
     record_last_good: MooncakeServingSpec | None = None  # store it as NAME-last-good before the status
     # The spec's revision failed: the status records it as failed, and the next pass renders the last good.
     roll_back: bool = False
+    # Replica StatefulSets to delete, after the status and the labels (an old set after a BlueGreen switch,
+    # a candidate the spec no longer asks for or that failed with Rollback).
+    remove_sets: tuple[str, ...] = ()
 
 
 # --- which revision to render ---------------------------------------------------------------------------
@@ -134,6 +163,52 @@ def choose_revision(
         revisions = status.Revisions(desired, last_good.revision, failed, current.last_good_revision)
         return RevisionChoice(revisions, last_good.spec)
     return RevisionChoice(status.Revisions(desired, desired, None, current.last_good_revision), spec)
+
+
+def _serves_users(current: MooncakeServingStatus, replica_set: str) -> bool:
+    return any(
+        entry.serving and in_set(entry.name, replica_set) for entry in previous_traffic(current).values()
+    )
+
+
+def choose_sets(
+    resource: MooncakeServing, current: MooncakeServingStatus, live: Sequence[LiveSet], template: str
+) -> SetChoice:
+    """Which replica set the chosen spec (whose pod template digest is `template`) is rendered into.
+
+    The serving set is the one the status names, else NAME-replica, else the only set. InPlace, or a
+    serving set with the same template (or none recorded: applied before sets carried one), or one
+    whose pods serve no users yet: render into it (it rolls). Otherwise (BlueGreen) into the candidate
+    NAME-r<template>, beside the serving set. Any other set of the resource is removed: a candidate of a
+    template the spec no longer renders (a reverted or changed spec), or one left by a strategy change.
+    """
+    strategy = resource.spec.rollout_strategy
+    default = render.replica_set_name(resource)
+    by_name = {found.name: found for found in live}
+    recorded = current.rollout.serving_set if current.rollout is not None else None
+    if recorded is not None and recorded in by_name:
+        serving = recorded
+    elif default in by_name or not by_name:
+        serving = default
+    elif len(by_name) == 1:
+        serving = next(iter(by_name))
+    else:  # several sets and none known to serve: touch none of them
+        return SetChoice(strategy, default)
+
+    def others(*kept: str) -> tuple[str, ...]:
+        return tuple(name for name in sorted(by_name) if name not in kept)
+
+    found = by_name.get(serving)
+    in_place = (
+        strategy == "InPlace"
+        or found is None
+        or found.template in (None, template)
+        or not _serves_users(current, serving)
+    )
+    if in_place:
+        return SetChoice(strategy, serving, remove=others(serving))
+    candidate = render.replica_set_name(resource, template)
+    return SetChoice(strategy, candidate, serving, remove=others(serving, candidate))
 
 
 # --- traffic ------------------------------------------------------------------------------------------
@@ -207,6 +282,25 @@ def pod_traffic(
     return entry(False, f"new pod at revision {revision}: waits for a canary to prove it")
 
 
+def other_set_traffic(
+    pod: PodInfo, previous: PodTraffic | None, serving_set: str | None, switched_to: str | None
+) -> PodTraffic:
+    """A pod of a set the spec is not rendered into: as it was (the serving set during a BlueGreen
+    rollout), out once the client Service switched to `switched_to`."""
+
+    def out(reason: str) -> PodTraffic:
+        return PodTraffic(name=pod.name, uid=pod.uid, revision=pod.revision, serving=False, reason=reason)
+
+    if switched_to is not None:
+        return out(f"replaced by replica set {switched_to} (BlueGreen switch); its set is removed")
+    if previous is not None:
+        return previous.model_copy(update={"name": pod.name, "revision": pod.revision})
+    if serving_set is not None and in_set(pod.name, serving_set):
+        # Replaced during a BlueGreen rollout: no canary runs on the serving set until the rollout ends.
+        return out(f"new pod of serving set {serving_set} during a BlueGreen rollout: not proven")
+    return out("not in the replica set the spec is rendered into; its set is removed")
+
+
 def next_traffic(
     current: MooncakeServingStatus,
     observation: Observation,
@@ -214,12 +308,26 @@ def next_traffic(
     held: Sequence[str],
     *,
     enabled: bool,
+    candidate: str | None = None,
+    serving_set: str | None = None,
+    switched: bool = False,
 ) -> TrafficStatus:
-    """Every live replica pod (terminating ones are leaving the Service anyway), by name."""
+    """Every live replica pod (terminating ones are leaving the Service anyway), by name: the active
+    set's, then the other sets'. A BlueGreen `candidate`'s pods stay out until the switch (`switched`)."""
     previous = previous_traffic(current)
-    pods = [
-        pod_traffic(pod, previous.get(pod.uid), fresh, held, enabled=enabled)
-        for pod in observation.replicas.pods
+    pods = []
+    for pod in observation.replicas.pods:
+        if pod.terminating:
+            continue
+        entry = pod_traffic(pod, previous.get(pod.uid), fresh, held, enabled=enabled)
+        if candidate is not None and not switched and entry.serving:
+            reason = f"BlueGreen candidate set {candidate}: serves from the switch on"
+            entry = entry.model_copy(update={"serving": False, "reason": reason})
+        pods.append(entry)
+    switched_to = candidate if switched else None
+    pods += [
+        other_set_traffic(pod, previous.get(pod.uid), serving_set, switched_to)
+        for pod in observation.others
         if not pod.terminating
     ]
     return TrafficStatus(serving=sum(1 for pod in pods if pod.serving), pods=pods)
@@ -227,7 +335,7 @@ def next_traffic(
 
 def label_changes(observation: Observation, traffic: TrafficStatus) -> dict[str, str]:
     """Pod name -> the label value it must get, for pods whose label differs."""
-    labels = {pod.name: pod.traffic for pod in observation.replicas.pods}
+    labels = {pod.name: pod.traffic for pod in (*observation.replicas.pods, *observation.others)}
     wanted = {
         entry.name: render.TRAFFIC_ON if entry.serving else render.TRAFFIC_OFF for entry in traffic.pods
     }
@@ -237,14 +345,20 @@ def label_changes(observation: Observation, traffic: TrafficStatus) -> dict[str,
 # --- the plan -----------------------------------------------------------------------------------------
 
 
+def set_choice(inputs: Inputs) -> SetChoice:
+    resource = inputs.resource
+    return inputs.sets or SetChoice(resource.spec.rollout_strategy, render.replica_set_name(resource))
+
+
 def canary_target(inputs: Inputs) -> CanaryTarget:
     serving = inputs.resource.model_copy(update={"spec": inputs.choice.spec})
     by_name = {pod.name: pod for pod in inputs.observation.replicas.pods}
+    names = render.replica_pod_names(serving, set_choice(inputs).active)
     master = inputs.observation.master.pod
     return proof.current_target(
         revision=inputs.choice.revisions.serving,
         generation=inputs.resource.metadata.generation,
-        replica_pods=[by_name[name].identity for name in render.replica_pod_names(serving)],
+        replica_pods=[by_name[name].identity for name in names],
         master_pod=master.uid if master else None,
         master_restarts=master.restarts if master else 0,
         rerun=rerun_value(inputs.resource),
@@ -285,6 +399,7 @@ def _next_status(
     canary: CanaryStatus | None,
     held: list[str],
     traffic: TrafficStatus,
+    rollout: RolloutStatus,
 ) -> MooncakeServingStatus:
     generation = inputs.resource.metadata.generation
     replicas = inputs.observation.replicas
@@ -306,7 +421,76 @@ def _next_status(
         out_of_traffic=held,
         traffic=traffic,
         high_availability=inputs.high_availability,
+        rollout=rollout,
     )
+
+
+def _covers(canary: CanaryStatus | None, revision: str, observation: Observation) -> bool:
+    """The run was at `revision` and against exactly the active set's pods as they are now."""
+    pods = {pod.identity for pod in observation.replicas.pods if not pod.terminating}
+    return (
+        canary is not None
+        and canary.target is not None
+        and canary.target.revision == revision
+        and set(canary.target.replica_pods) == pods
+    )
+
+
+def rollout_status(
+    sets: SetChoice,
+    phase: CandidatePhase | None,
+    canary: CanaryStatus | None,
+    *,
+    switched: bool = False,
+    removed_candidate: bool = False,
+) -> RolloutStatus:
+    """The serving set and, during a BlueGreen rollout, the candidate and its phase."""
+    candidate = sets.candidate
+    if candidate is None or sets.serving is None:
+        return RolloutStatus(strategy=sets.strategy, serving_set=sets.active)
+    run = canary.run_id if canary is not None else "?"
+    if switched:
+        message = (
+            f"switched from {sets.serving} to {candidate} after canary run {run}; {sets.serving} removed"
+        )
+        return RolloutStatus(strategy=sets.strategy, serving_set=candidate, message=message)
+    if removed_candidate:
+        message = (
+            f"candidate {candidate} failed canary run {run} and is removed (onFailure Rollback); "
+            f"{sets.serving} keeps serving"
+        )
+        return RolloutStatus(strategy=sets.strategy, serving_set=sets.serving, message=message)
+    messages: dict[CandidatePhase, str] = {
+        "Deploying": f"candidate {candidate} is starting; {sets.serving} serves",
+        "Canary": f"candidate {candidate} is being proven by the canary; {sets.serving} serves",
+        "Inconclusive": (
+            f"candidate {candidate}: canary run {run} was Inconclusive, retried; never switched to "
+            f"before a pass; {sets.serving} serves"
+        ),
+        "Held": (
+            f"candidate {candidate} failed canary run {run}; kept for inspection (onFailure Hold), never "
+            f"switched to; {sets.serving} serves"
+        ),
+    }
+    shown = phase or "Canary"
+    return RolloutStatus(
+        strategy=sets.strategy,
+        serving_set=sets.serving,
+        candidate_set=candidate,
+        candidate_phase=shown,
+        message=messages[shown],
+    )
+
+
+def _candidate_phase(canary: CanaryStatus | None, revision: str, observation: Observation) -> CandidatePhase:
+    if not _covers(canary, revision, observation):
+        return "Canary"
+    assert canary is not None  # checked by _covers
+    if canary.verdict == "Failed":
+        return "Held"
+    if canary.verdict == "Passed":
+        return "Canary"
+    return "Inconclusive"
 
 
 def _settled_outcome(
@@ -328,10 +512,9 @@ def plan(inputs: Inputs) -> Plan:
     enabled = spec.canary.enabled
     revisions = inputs.choice.revisions
     observation = inputs.observation
+    sets = set_choice(inputs)
     canary = inputs.fresh.canary if inputs.fresh is not None else inputs.current.canary
     held = next_held(inputs.current, inputs.fresh, enabled=enabled)
-    traffic = next_traffic(inputs.current, observation, inputs.fresh, held, enabled=enabled)
-    labels = label_changes(observation, traffic)
 
     def planned(
         verdict: status.Verdict,
@@ -340,19 +523,43 @@ def plan(inputs: Inputs) -> Plan:
         run_canary: CanaryOrder | None = None,
         record_last_good: MooncakeServingSpec | None = None,
         roll_back: bool = False,
+        phase: CandidatePhase | None = None,
+        switched: bool = False,
     ) -> Plan:
-        next_status = _next_status(inputs, verdict, revisions, canary, held, traffic)
-        return Plan(verdict, next_status, labels, outcome, run_canary, record_last_good, roll_back)
+        traffic = next_traffic(
+            inputs.current,
+            observation,
+            inputs.fresh,
+            held,
+            enabled=enabled,
+            candidate=sets.candidate,
+            serving_set=sets.serving,
+            switched=switched,
+        )
+        rollout = rollout_status(sets, phase, canary, switched=switched, removed_candidate=roll_back)
+        removed = sets.remove
+        if sets.serving is not None and switched:
+            removed += (sets.serving,)
+        if sets.candidate is not None and roll_back:
+            removed += (sets.candidate,)
+        next_status = _next_status(inputs, verdict, revisions, canary, held, traffic, rollout)
+        labels = label_changes(observation, traffic)
+        return Plan(
+            verdict, next_status, labels, outcome, run_canary, record_last_good, roll_back, tuple(removed)
+        )
 
     if inputs.fresh is None and not observation.ready:
         verdict = status.not_ready(observation, revisions, canary, enabled=enabled)
         message = verdict.conditions[READY].message
-        return planned(verdict, Outcome(ReconcileResult.WAITING, message, inputs.timing.retry_delay_seconds))
+        outcome = Outcome(ReconcileResult.WAITING, message, inputs.timing.retry_delay_seconds)
+        return planned(verdict, outcome, phase="Deploying")
     if not enabled:
         verdict = status.settled(
             observation, revisions, canary, enabled=False, on_failure=spec.canary.on_failure
         )
-        return planned(verdict, Outcome(ReconcileResult.READY, verdict.conditions[READY].message))
+        # BlueGreen without a canary: the candidate is switched to once all its replicas are Ready.
+        outcome = Outcome(ReconcileResult.READY, verdict.conditions[READY].message)
+        return planned(verdict, outcome, switched=sets.candidate is not None)
     if inputs.fresh is None:
         target = canary_target(inputs)
         why = proof.canary_due(
@@ -364,7 +571,7 @@ def plan(inputs: Inputs) -> Plan:
         )
         if why is not None:
             verdict = status.canary_running(observation, revisions, why)
-            return planned(verdict, None, run_canary=CanaryOrder(target, why))
+            return planned(verdict, None, run_canary=CanaryOrder(target, why), phase="Canary")
     if _must_roll_back(inputs, revisions, canary):
         assert canary is not None  # checked by _must_roll_back
         verdict = status.rolling_back(observation, revisions, canary)
@@ -385,6 +592,13 @@ def plan(inputs: Inputs) -> Plan:
         stored = inputs.last_good.revision if inputs.last_good is not None else None
         if not revisions.rolled_back and stored != revisions.serving:
             record = inputs.choice.spec
+    # A BlueGreen candidate is switched to only after a pass over exactly its pods as they are now.
+    switched = (
+        sets.candidate is not None
+        and _passed_at(canary, revisions.serving)
+        and _covers(canary, revisions.serving, observation)
+    )
+    phase = None if switched else _candidate_phase(canary, revisions.serving, observation)
     verdict = status.settled(observation, revisions, canary, enabled=True, on_failure=spec.canary.on_failure)
     outcome = _settled_outcome(verdict, canary, revisions, inputs.timing)
-    return planned(verdict, outcome, record_last_good=record)
+    return planned(verdict, outcome, record_last_good=record, phase=phase, switched=switched)

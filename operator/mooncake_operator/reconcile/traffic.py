@@ -15,7 +15,8 @@ from mooncake_operator.operator_settings import FIELD_MANAGER
 
 
 async def set_traffic(kube: KubeClient, namespace: str, labels: Mapping[str, str]) -> None:
-    """Pod name -> traffic label value, one merge patch per pod."""
-    for name, value in sorted(labels.items()):
+    """Pod name -> traffic label value, one merge patch per pod: pods going in first, so a BlueGreen
+    switch never leaves the client Service empty."""
+    for name, value in sorted(labels.items(), key=lambda item: (item[1] != render.TRAFFIC_ON, item[0])):
         patch = {"metadata": {"labels": {render.TRAFFIC_LABEL: value}}}
         await kube.patch_merge("v1", "Pod", name, patch, namespace, field_manager=FIELD_MANAGER)
