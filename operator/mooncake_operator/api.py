@@ -37,6 +37,13 @@ KIND = "MooncakeServing"
 PLURAL = "mooncakeservings"
 SINGULAR = "mooncakeserving"
 SHORT_NAMES = ("mcs",)
+# Names the operator writes into objects, so users and tests can rely on them: the field manager of every
+# server-side apply, the finalizer kopf keeps on a resource, the prefix of kopf's own annotations, and the
+# annotation a user sets to any new value to re-run the canary (after a rollback: to retry the spec).
+FIELD_MANAGER = "mooncake-operator"
+FINALIZER = f"{GROUP}/finalizer"
+ANNOTATION_PREFIX = GROUP
+RERUN_CANARY_ANNOTATION = f"{GROUP}/rerun-canary"
 
 GPU_RESOURCE = "nvidia.com/gpu"
 # Children are named "<name>-store-config", "<name>-replica-<ordinal>" ...; a StatefulSet's pods carry a

@@ -20,11 +20,6 @@ from mooncake_operator import api, safe_yaml
 from mooncake_operator.canary.models import normalize_base_url
 from mooncake_operator.kube import KubeConfig
 
-FIELD_MANAGER = "mooncake-operator"
-FINALIZER = f"{api.GROUP}/finalizer"
-ANNOTATION_PREFIX = api.GROUP
-# Set to any new value to re-run the canary (and, after a rollback, to retry the spec's revision).
-RERUN_CANARY_ANNOTATION = f"{api.GROUP}/rerun-canary"
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
 # How often kopf re-checks a daemon that is exiting (its default, 60 s, delays deletions that long).
@@ -131,10 +126,10 @@ def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """kopf's settings for this operator (called from the startup handler)."""
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.finalizer = api.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+        prefix=api.ANNOTATION_PREFIX, key="last-handled-configuration"
     )
     # No kopf peering (it pauses every operator of equal priority): `run` elects a leader on a Lease
     # (mooncake_operator.leader) before kopf starts.

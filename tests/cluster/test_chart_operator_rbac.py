@@ -38,7 +38,6 @@ from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator import api, render
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.operator_settings import FINALIZER, RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile.revisions import config_map_name
 
 MANAGER = "mooncake-chart-rbac-test"
@@ -173,7 +172,7 @@ async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
     """What is still missing of the operator's work on the MooncakeServing (empty: all done)."""
     missing = []
     resource = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
-    if FINALIZER not in (resource["metadata"].get("finalizers") or []):
+    if api.FINALIZER not in (resource["metadata"].get("finalizers") or []):
         missing.append("finalizer")
     status = resource.get("status") or {}
     if not status.get("phase") or not status.get("conditions"):
@@ -313,7 +312,7 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
                 assert await traffic_label(kube, namespace, replica) == render.TRAFFIC_OFF
 
                 fakes[1].mode = Mode.CORRECT
-                rerun = {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "after-fix"}}}
+                rerun = {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "after-fix"}}}
                 await kube.patch_merge(api.API_VERSION, api.KIND, SERVING, rerun, namespace)
                 ready = await phase_reached(kube, namespace, "Ready", log_path)
                 assert ready["status"]["canary"]["verdict"] == "Passed"

@@ -28,7 +28,6 @@ from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator import api, render
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.operator_settings import FINALIZER, RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile.revisions import config_map_name
 
 RENDERED_CHILDREN = 9
@@ -77,7 +76,7 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
         assert condition(waiting, "Ready")["status"] == "False"
         assert condition(waiting, "CanaryPassed")["reason"] == "CanaryPending"
         assert canary_posts(fakes) == 0
-        assert FINALIZER in waiting["metadata"]["finalizers"]
+        assert api.FINALIZER in waiting["metadata"]["finalizers"]
 
         async with FakeKubelet(kube, namespace):
             ready = await wait_for_phase(kube, namespace, "Ready")
@@ -181,7 +180,7 @@ async def test_hold_keeps_the_corrupting_replica_out_of_the_client_service_until
 
             # Fixed (say, by hand), then a re-run asked for: the replica is proven and gets traffic back.
             fakes[1].mode = Mode.CORRECT
-            await annotate(kube, namespace, RERUN_CANARY_ANNOTATION, "after-fix")
+            await annotate(kube, namespace, api.RERUN_CANARY_ANNOTATION, "after-fix")
             recovered = await wait_for_phase(kube, namespace, "Ready")
             assert recovered["status"]["outOfTraffic"] == []
             assert recovered["status"]["traffic"]["serving"] == 2

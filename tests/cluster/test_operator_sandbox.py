@@ -33,7 +33,6 @@ from tests.support.cpu_stalls import (  # noqa: F401 (fixtures: watch this modul
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
 from mooncake_operator.netns import in_private_netns
-from mooncake_operator.operator_settings import RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile.status import without_empty_strings
 from mooncake_operator.sandbox import (
     EngineMode,
@@ -111,7 +110,7 @@ async def test_ready_with_the_patched_engine_canary_failed_with_the_buggy_one(
                 api.API_VERSION,
                 api.KIND,
                 "demo",
-                {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "buggy-engine"}}},
+                {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "buggy-engine"}}},
                 namespace,
             )
             failed = await wait_for_phase(kube, namespace, "CanaryFailed", within=2 * CANARY_TIMEOUT_S)

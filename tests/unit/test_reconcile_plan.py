@@ -19,7 +19,6 @@ from mooncake_operator.api import (
 )
 from mooncake_operator.conditions import READY, find
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.operator_settings import RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile import plan
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_operator.reconcile.plan import CanaryRun, Inputs, Plan, Timing
@@ -37,7 +36,7 @@ MASTER = PodInfo("demo-master-x", "master-uid", True, False, "m1", 0, None)
 def resource(
     image: str = NEW_IMAGE, *, on_failure: str = "Hold", enabled: bool = True, rerun: str | None = None
 ) -> MooncakeServing:
-    annotations = {RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
+    annotations = {api.RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
     return api.parse_resource(
         {
             "apiVersion": api.API_VERSION,

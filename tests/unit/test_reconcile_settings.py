@@ -8,11 +8,11 @@ from pathlib import Path
 import kopf
 import pytest
 
+from mooncake_operator import api
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands.run import settings_from
 from mooncake_operator.kube import KubeConfig
 from mooncake_operator.operator_settings import (
-    FINALIZER,
     OperatorSettings,
     SettingsError,
     configure_kopf,
@@ -92,7 +92,7 @@ def test_run_flags_become_settings(tmp_path: Path) -> None:
 def test_kopf_settings() -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings, OperatorSettings(watch_timeout_seconds=300, request_timeout_seconds=20))
-    assert settings.persistence.finalizer == FINALIZER == "serving.mooncake-operator.dev/finalizer"
+    assert settings.persistence.finalizer == api.FINALIZER == "serving.mooncake-operator.dev/finalizer"
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "serving.mooncake-operator.dev"
     assert settings.peering.standalone is True

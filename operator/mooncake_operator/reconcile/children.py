@@ -22,7 +22,6 @@ from typing import Any
 
 from mooncake_operator import api
 from mooncake_operator.kube import KubeApiError, KubeClient
-from mooncake_operator.operator_settings import FIELD_MANAGER
 from mooncake_operator.reconcile.cache import WatchCache
 from mooncake_operator.render import (
     COMPONENT_REPLICA,
@@ -164,7 +163,7 @@ async def ensure_children(
         why = needs_apply(desired, live)
         if why is not None:
             try:
-                await kube.apply(desired, field_manager=FIELD_MANAGER)
+                await kube.apply(desired, field_manager=api.FIELD_MANAGER)
             except KubeApiError as error:
                 raise ApplyError(desired["kind"], desired["metadata"]["name"], error) from error
         results.append(AppliedChild(desired["kind"], desired["metadata"]["name"], why))
@@ -187,7 +186,7 @@ async def scale_down_retired(
             continue
         patch = {"spec": {"replicas": 0}}
         await kube.patch_merge(
-            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=FIELD_MANAGER
+            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=api.FIELD_MANAGER
         )
         scaled.append(ref)
     return scaled

@@ -27,7 +27,7 @@ from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
-from mooncake_operator.operator_settings import FIELD_MANAGER, OperatorSettings
+from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import leader, plan, proof, status
 from mooncake_operator.reconcile.cache import MANAGED_SELECTOR, PDB_KIND, Wakes, WatchCache, WatchedKind
 from mooncake_operator.reconcile.children import (
@@ -227,7 +227,7 @@ class _StatusWriter:
                 self.name,
                 patch,
                 self.namespace,
-                field_manager=FIELD_MANAGER,
+                field_manager=api.FIELD_MANAGER,
                 resource_version=self.resource_version,
             )
             self.resource_version = (written.get("metadata") or {}).get("resourceVersion")

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from mooncake_operator import render
+from mooncake_operator import api, render
 from mooncake_operator.api import (
     CanaryStatus,
     CanaryTarget,
@@ -46,7 +46,6 @@ from mooncake_operator.api import (
 )
 from mooncake_operator.conditions import READY, merge_conditions
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.operator_settings import RERUN_CANARY_ANNOTATION
 from mooncake_operator.reconcile import proof, status
 from mooncake_operator.reconcile.observe import LiveSet, Observation, PodInfo, in_set
 from mooncake_operator.reconcile.revisions import LastGood
@@ -139,7 +138,7 @@ class Plan:
 
 
 def rerun_value(resource: MooncakeServing) -> str | None:
-    return resource.metadata.annotations.get(RERUN_CANARY_ANNOTATION)
+    return resource.metadata.annotations.get(api.RERUN_CANARY_ANNOTATION)
 
 
 def rerun_requested(resource: MooncakeServing, last: CanaryStatus | None) -> bool:

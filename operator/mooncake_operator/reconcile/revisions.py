@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing, MooncakeServingSpec
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.operator_settings import FIELD_MANAGER
 from mooncake_operator.reconcile.cache import WatchCache
 
 REVISION_ANNOTATION = f"{api.GROUP}/revision"
@@ -111,4 +110,4 @@ async def write_last_good(
     kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
 ) -> None:
     """Store `spec` as the last good revision (the planner decides when: it differs from the stored one)."""
-    await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=FIELD_MANAGER)
+    await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=api.FIELD_MANAGER)

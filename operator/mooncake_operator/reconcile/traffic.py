@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from mooncake_operator import render
+from mooncake_operator import api, render
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.operator_settings import FIELD_MANAGER
 
 
 async def set_traffic(kube: KubeClient, namespace: str, labels: Mapping[str, str]) -> None:
@@ -19,4 +18,4 @@ async def set_traffic(kube: KubeClient, namespace: str, labels: Mapping[str, str
     switch never leaves the client Service empty."""
     for name, value in sorted(labels.items(), key=lambda item: (item[1] != render.TRAFFIC_ON, item[0])):
         patch = {"metadata": {"labels": {render.TRAFFIC_LABEL: value}}}
-        await kube.patch_merge("v1", "Pod", name, patch, namespace, field_manager=FIELD_MANAGER)
+        await kube.patch_merge("v1", "Pod", name, patch, namespace, field_manager=api.FIELD_MANAGER)
