@@ -19,7 +19,10 @@ first request marks the canary's start).
         [--resources 1000] [--operator PATH]
 
 `--operator` runs another build of the operator (e.g. an older checkout's .venv/bin/mooncake-operator)
-for before/after numbers; it must accept the flags listed in `operator_command`.
+for before/after numbers; it must accept the flags listed in `operator_command`. The steady state also
+counts the operator's reconciles (`mooncake_operator_reconciles_total`): with every resource Ready and
+unchanged each is a no-op resync, so its reads per reconcile are the reads per no-op resync of an
+operator that part 1 cannot call directly.
 (Not bench/operator.py: run as a script, that name would shadow the standard library's `operator`.)
 """
 
@@ -52,7 +55,7 @@ from tests.support.fake_vllm import FakeCluster
 
 from mooncake_operator import api, render
 from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig, KubeError, RequestCounts
+from mooncake_operator.kube import READ_VERBS, KubeApiError, KubeClient, KubeConfig, KubeError, RequestCounts
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import Runtime, reconcile
 
@@ -92,11 +95,14 @@ async def apiserver_requests(http: httpx.AsyncClient) -> Counter[str]:
 
 
 async def operator_requests(port: int) -> Counter[str]:
+    """The operator's own API requests by verb, and its reconciles (all results) as "(reconciles)"."""
     async with httpx.AsyncClient(trust_env=False) as http:
         text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-    return Counter(
+    counts = Counter(
         {labels["verb"]: int(v) for labels, v in samples(text, "mooncake_operator_kube_requests_total")}
     )
+    counts["(reconciles)"] = sum(int(v) for _, v in samples(text, "mooncake_operator_reconciles_total"))
+    return counts
 
 
 def verbs(counts: Counter[str]) -> str:
@@ -265,7 +271,7 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
 
 
 def operator_command(
-    binary: str, plane: ControlPlane, namespace: str, endpoints: Path, metrics: int
+    binary: str, plane: ControlPlane, namespace: str, endpoints: Path, metrics: int, resync: float
 ) -> list[str]:
     return [
         binary,
@@ -276,7 +282,7 @@ def operator_command(
         "--liveness-port=0",
         "--metrics-host=127.0.0.1",
         f"--metrics-port={metrics}",
-        "--resync-seconds=600",
+        f"--resync-seconds={resync:g}",
         "--quiet",
     ]
 
@@ -321,7 +327,12 @@ class Many:
             endpoints_file.write_text(yaml.safe_dump(endpoints))
             self.metrics_port = free_port()
             command = operator_command(
-                self.args.operator, self.plane, self.namespace, endpoints_file, self.metrics_port
+                self.args.operator,
+                self.plane,
+                self.namespace,
+                endpoints_file,
+                self.metrics_port,
+                self.args.resync_seconds,
             )
             log = (workdir / "operator.log").open("wb")
             self.operator = await asyncio.create_subprocess_exec(
@@ -391,10 +402,17 @@ class Many:
         await asyncio.sleep(STEADY_WINDOW_S)
         server_delta = await apiserver_requests(self.server) - server_before
         mine_delta = await operator_requests(self.metrics_port) - mine_before
+        reconciles = mine_delta.pop("(reconciles)", 0)
+        reads = sum(n for verb, n in mine_delta.items() if verb in READ_VERBS)
         self.results["steady_apiserver_per_s"] = sum(server_delta.values()) / STEADY_WINDOW_S
         self.results["steady_apiserver_verbs"] = verbs(server_delta)
         self.results["steady_operator_per_s"] = sum(mine_delta.values()) / STEADY_WINDOW_S
         self.results["steady_operator_verbs"] = verbs(mine_delta)
+        # With every resource Ready and unchanged, each reconcile in the window is a no-op resync.
+        self.results["steady_reconciles"] = reconciles
+        self.results["steady_reads_per_reconcile"] = (
+            f"{reads / reconciles:.1f}" if reconciles else f"no reconcile ({reads} reads)"
+        )
         self.results["rss_steady_mib"] = rss_mib(self.operator.pid)
 
     async def create_latency(self) -> None:
@@ -527,6 +545,12 @@ async def main() -> None:
     )
     parser.add_argument("--ready-timeout", type=float, default=1200.0, help="give up on all-Ready after S")
     parser.add_argument("--operator", default=str(REPO / ".venv" / "bin" / "mooncake-operator"))
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=600.0,
+        help="the operator's --resync-seconds (600; an operator without watch caches ran at its default, 30)",
+    )
     parser.add_argument("--skip-direct", action="store_true", help="skip part 1 (needs this checkout's code)")
     args = parser.parse_args()
     with start_control_plane() as plane, FakeCluster.start(2) as fakes:
