@@ -122,6 +122,20 @@ async def create_namespace(kube: KubeClient, name: str) -> None:
     raise SystemExit(f"namespace {name}: no default ServiceAccount token (controller-manager down?)")
 
 
+async def install_crd_file(kube: KubeClient, path: Path) -> None:
+    """An older operator's own CRD: the current one defaults fields (e.g. spec.store.isolateRevisions)
+    that an older operator refuses as unknown."""
+    manifest = yaml.safe_load(await asyncio.to_thread(path.read_text, encoding="utf-8"))
+    await kube.apply(manifest, field_manager="bench")
+    established = await until(
+        lambda: kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", manifest["metadata"]["name"]),
+        30,
+        period=0.2,
+    )
+    if established is None:
+        raise SystemExit(f"{path}: the API server did not serve the CRD in 30 s")
+
+
 async def until(probe: Callable[[], Awaitable[T | None]], within: float, period: float = 0.01) -> T | None:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -551,6 +565,12 @@ async def main() -> None:
         default=600.0,
         help="the operator's --resync-seconds (600; an operator without watch caches ran at its default, 30)",
     )
+    parser.add_argument(
+        "--crd",
+        type=Path,
+        metavar="FILE",
+        help="install this CRD instead of the generated one (an older --operator's crds/ file)",
+    )
     parser.add_argument("--skip-direct", action="store_true", help="skip part 1 (needs this checkout's code)")
     args = parser.parse_args()
     with start_control_plane() as plane, FakeCluster.start(2) as fakes:
@@ -562,7 +582,11 @@ async def main() -> None:
                 headers={"Authorization": f"Bearer {plane.admin_token}"},
             ) as server,
         ):
-            await install_crd(kube)
+            if args.crd is not None:
+                await install_crd_file(kube, args.crd)
+                await asyncio.sleep(2.0)  # the API server serves a new CRD's resource shortly after
+            else:
+                await install_crd(kube)
             if not args.skip_direct:
                 print("## API calls per reconcile (one resource, reconcile called directly)\n")
                 print("| reconcile | operator's client | API server's apiserver_request_total | wall |")
