@@ -19,7 +19,10 @@ first request marks the canary's start).
         [--resources 1000] [--operator PATH]
 
 `--operator` runs another build of the operator (e.g. an older checkout's .venv/bin/mooncake-operator)
-for before/after numbers; it must accept the flags listed in `operator_command`.
+for before/after numbers; it must accept the flags listed in `operator_command`. The steady state also
+counts the operator's reconciles (`mooncake_operator_reconciles_total`): with every resource Ready and
+unchanged each is a no-op resync, so its reads per reconcile are the reads per no-op resync of an
+operator that part 1 cannot call directly.
 (Not bench/operator.py: run as a script, that name would shadow the standard library's `operator`.)
 """
 
@@ -52,7 +55,7 @@ from tests.support.fake_vllm import FakeCluster
 
 from mooncake_operator import api, render
 from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig, KubeError, RequestCounts
+from mooncake_operator.kube import READ_VERBS, KubeApiError, KubeClient, KubeConfig, KubeError, RequestCounts
 from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import Runtime, reconcile
 
@@ -92,11 +95,14 @@ async def apiserver_requests(http: httpx.AsyncClient) -> Counter[str]:
 
 
 async def operator_requests(port: int) -> Counter[str]:
+    """The operator's own API requests by verb, and its reconciles (all results) as "(reconciles)"."""
     async with httpx.AsyncClient(trust_env=False) as http:
         text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
-    return Counter(
+    counts = Counter(
         {labels["verb"]: int(v) for labels, v in samples(text, "mooncake_operator_kube_requests_total")}
     )
+    counts["(reconciles)"] = sum(int(v) for _, v in samples(text, "mooncake_operator_reconciles_total"))
+    return counts
 
 
 def verbs(counts: Counter[str]) -> str:
@@ -114,6 +120,20 @@ async def create_namespace(kube: KubeClient, name: str) -> None:
             return
         await asyncio.sleep(0.1)
     raise SystemExit(f"namespace {name}: no default ServiceAccount token (controller-manager down?)")
+
+
+async def install_crd_file(kube: KubeClient, path: Path) -> None:
+    """An older operator's own CRD: the current one defaults fields (e.g. spec.store.isolateRevisions)
+    that an older operator refuses as unknown."""
+    manifest = yaml.safe_load(await asyncio.to_thread(path.read_text, encoding="utf-8"))
+    await kube.apply(manifest, field_manager="bench")
+    established = await until(
+        lambda: kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", manifest["metadata"]["name"]),
+        30,
+        period=0.2,
+    )
+    if established is None:
+        raise SystemExit(f"{path}: the API server did not serve the CRD in 30 s")
 
 
 async def until(probe: Callable[[], Awaitable[T | None]], within: float, period: float = 0.01) -> T | None:
@@ -265,7 +285,7 @@ def rss_mib(pid: int, field: str = "VmRSS") -> float:
 
 
 def operator_command(
-    binary: str, plane: ControlPlane, namespace: str, endpoints: Path, metrics: int
+    binary: str, plane: ControlPlane, namespace: str, endpoints: Path, metrics: int, resync: float
 ) -> list[str]:
     return [
         binary,
@@ -276,7 +296,7 @@ def operator_command(
         "--liveness-port=0",
         "--metrics-host=127.0.0.1",
         f"--metrics-port={metrics}",
-        "--resync-seconds=600",
+        f"--resync-seconds={resync:g}",
         "--quiet",
     ]
 
@@ -321,7 +341,12 @@ class Many:
             endpoints_file.write_text(yaml.safe_dump(endpoints))
             self.metrics_port = free_port()
             command = operator_command(
-                self.args.operator, self.plane, self.namespace, endpoints_file, self.metrics_port
+                self.args.operator,
+                self.plane,
+                self.namespace,
+                endpoints_file,
+                self.metrics_port,
+                self.args.resync_seconds,
             )
             log = (workdir / "operator.log").open("wb")
             self.operator = await asyncio.create_subprocess_exec(
@@ -391,10 +416,17 @@ class Many:
         await asyncio.sleep(STEADY_WINDOW_S)
         server_delta = await apiserver_requests(self.server) - server_before
         mine_delta = await operator_requests(self.metrics_port) - mine_before
+        reconciles = mine_delta.pop("(reconciles)", 0)
+        reads = sum(n for verb, n in mine_delta.items() if verb in READ_VERBS)
         self.results["steady_apiserver_per_s"] = sum(server_delta.values()) / STEADY_WINDOW_S
         self.results["steady_apiserver_verbs"] = verbs(server_delta)
         self.results["steady_operator_per_s"] = sum(mine_delta.values()) / STEADY_WINDOW_S
         self.results["steady_operator_verbs"] = verbs(mine_delta)
+        # With every resource Ready and unchanged, each reconcile in the window is a no-op resync.
+        self.results["steady_reconciles"] = reconciles
+        self.results["steady_reads_per_reconcile"] = (
+            f"{reads / reconciles:.1f}" if reconciles else f"no reconcile ({reads} reads)"
+        )
         self.results["rss_steady_mib"] = rss_mib(self.operator.pid)
 
     async def create_latency(self) -> None:
@@ -527,6 +559,18 @@ async def main() -> None:
     )
     parser.add_argument("--ready-timeout", type=float, default=1200.0, help="give up on all-Ready after S")
     parser.add_argument("--operator", default=str(REPO / ".venv" / "bin" / "mooncake-operator"))
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=600.0,
+        help="the operator's --resync-seconds (600; an operator without watch caches ran at its default, 30)",
+    )
+    parser.add_argument(
+        "--crd",
+        type=Path,
+        metavar="FILE",
+        help="install this CRD instead of the generated one (an older --operator's crds/ file)",
+    )
     parser.add_argument("--skip-direct", action="store_true", help="skip part 1 (needs this checkout's code)")
     args = parser.parse_args()
     with start_control_plane() as plane, FakeCluster.start(2) as fakes:
@@ -538,7 +582,11 @@ async def main() -> None:
                 headers={"Authorization": f"Bearer {plane.admin_token}"},
             ) as server,
         ):
-            await install_crd(kube)
+            if args.crd is not None:
+                await install_crd_file(kube, args.crd)
+                await asyncio.sleep(2.0)  # the API server serves a new CRD's resource shortly after
+            else:
+                await install_crd(kube)
             if not args.skip_direct:
                 print("## API calls per reconcile (one resource, reconcile called directly)\n")
                 print("| reconcile | operator's client | API server's apiserver_request_total | wall |")

@@ -59,6 +59,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "serviceAccount": {"create": True, "name": "mco-operator", "annotations": {"team": "inference"}},
     "operator": {
         "livenessPort": 8181,
+        "maxConcurrentCanaries": 3,
+        "leaderCheckSeconds": 7.5,
         "extraArgs": ["--resync-seconds=60"],
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
     },
@@ -258,6 +260,29 @@ def test_operator_arguments_are_accepted_by_the_cli(rendered: dict[str, list[Man
         assert parsed.command == "run"
 
 
+def test_operator_tuning_values_become_run_flags(rendered: dict[str, list[Manifest]]) -> None:
+    """`operator.maxConcurrentCanaries` and `operator.leaderCheckSeconds` reach the Deployment as the
+    flags `run` reads; with the chart's defaults the operator gets exactly the CLI's own defaults."""
+    cli_defaults = build_parser().parse_args(["run"])
+    defaults = build_parser().parse_args(deployment_args(rendered["defaults"]))
+    assert "--max-concurrent-canaries=8" in deployment_args(rendered["defaults"])
+    assert (defaults.max_concurrent_canaries, defaults.leader_check_seconds) == (
+        cli_defaults.max_concurrent_canaries,
+        cli_defaults.leader_check_seconds,
+    )
+    non_default = build_parser().parse_args(deployment_args(rendered["non-default"]))
+    assert (non_default.max_concurrent_canaries, non_default.leader_check_seconds) == (3, 7.5)
+
+
+def test_chart_defaults_of_run_flags_are_the_clis() -> None:
+    """values.yaml states the defaults (so `helm show values` shows them); they must stay the CLI's."""
+    operator_values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["operator"]
+    cli_defaults = build_parser().parse_args(["run"])
+    assert operator_values["maxConcurrentCanaries"] == cli_defaults.max_concurrent_canaries
+    assert operator_values["leaderCheckSeconds"] == cli_defaults.leader_check_seconds
+    assert operator_values["livenessPort"] == cli_defaults.liveness_port
+
+
 def test_namespace_watch_list_becomes_namespace_flags(rendered: dict[str, list[Manifest]]) -> None:
     assert not [a for a in deployment_args(rendered["defaults"]) if a.startswith("--namespace")]
     assert [a for a in deployment_args(rendered["non-default"]) if a.startswith("--namespace")] == [
@@ -358,6 +383,9 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("bad quantity", {"resources": {"requests": {"memory": "lots"}}}, "resources.requests.memory"),
     ("bad scrape interval", {"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
     ("empty extra argument", {"operator": {"extraArgs": [""]}}, "operator.extraArgs"),
+    ("no canary allowed", {"operator": {"maxConcurrentCanaries": 0}}, "operator.maxConcurrentCanaries"),
+    ("fractional canaries", {"operator": {"maxConcurrentCanaries": 1.5}}, "operator.maxConcurrentCanaries"),
+    ("leader check never", {"operator": {"leaderCheckSeconds": 0}}, "operator.leaderCheckSeconds"),
     # Checks the templates make (a schema cannot see the cluster or relate two values this way).
     (
         "eagle without block size",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -97,6 +98,62 @@ def test_pods_are_kept_as_what_readiness_reads_and_other_objects_without_managed
     }
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "managedFields": []}}
     assert project(service) == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
+
+
+def test_a_read_returns_a_copy_the_caller_may_change() -> None:
+    store, _ = recording_store()
+    store.put(pod("demo-replica-0", "3", ready=True))
+    read = store.get("ns", "demo-replica-0")
+    assert read is not None
+    read["metadata"]["labels"].clear()
+    store.owned("ns", "demo")[0]["status"]["conditions"].clear()
+    again = store.get("ns", "demo-replica-0")
+    assert again is not None and again["metadata"]["labels"][render.LABEL_INSTANCE] == "demo"
+    assert again["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
+
+
+def rendered_children(count: int) -> list[dict[str, Any]]:
+    """Every child of `count` resources, as a watch would deliver them (parsed JSON)."""
+    objects = []
+    for index in range(count):
+        resource = api.parse_resource(
+            {
+                "apiVersion": api.API_VERSION,
+                "kind": api.KIND,
+                "metadata": {"name": f"mcs-{index:03d}", "namespace": "ns"},
+                "spec": {
+                    "model": {"name": "MiniMaxAI/MiniMax-M2.5", "revision": "r1"},
+                    "engine": {"image": "registry.invalid/vllm:1", "blockSize": 32},
+                    "replicas": 2,
+                    "store": {"globalSegmentSize": "1GB", "localBufferSize": "512MB"},
+                },
+            }
+        )
+        for child in render.render_all(resource, owner_uid=f"uid-{index}", policy_api_version="policy/v1"):
+            child["metadata"]["resourceVersion"] = str(index + 1)
+            objects.append(json.loads(json.dumps(child)))
+    return objects
+
+
+def test_the_store_holds_objects_in_a_fraction_of_their_parsed_size() -> None:
+    """What bounds the operator's memory at 1,000 resources: once the events are dropped, the store
+    keeps far less than the parsed dicts a watch delivers (each key and value its own Python object)."""
+    lines = [json.dumps(obj) for obj in rendered_children(20)]
+    stores: dict[str, Store] = {}
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        events = [json.loads(line) for line in lines]  # one watch event each
+        parsed_size = tracemalloc.get_traced_memory()[0] - before
+        for obj in events:
+            assert stores.setdefault(obj["kind"], recording_store()[0]).put(obj)
+        del events, obj
+        kept_size = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept_size < parsed_size / 3, (kept_size, parsed_size)
+    first = json.loads(lines[0])
+    assert stores[first["kind"]].get("ns", first["metadata"]["name"]) == project(first)
 
 
 def scripted_api(lists: dict[str, Any], watches: dict[str, list[bytes]]) -> httpx.MockTransport:
