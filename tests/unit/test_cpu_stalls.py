@@ -11,14 +11,18 @@ from tests.support import cpu_stalls
 from mooncake_operator.sandbox.cpu_stalls import CpuStall, CpuStallWatch
 
 
-class JumpingClock:
-    """time.monotonic, plus a jump we choose: what a watcher sees when its CPU did not run."""
+class SteppingClock:
+    """A monotonic clock that advances exactly one tick per reading, plus the jumps we queue: what a
+    watcher sees when its CPU ran it on time, and when its CPU did not run for a while."""
 
-    def __init__(self) -> None:
-        self.offset = 0.0
+    def __init__(self, tick_s: float) -> None:
+        self.now = 0.0
+        self.tick_s = tick_s
+        self.jumps: list[float] = []
 
     def __call__(self) -> float:
-        return time.monotonic() + self.offset
+        self.now += self.tick_s + (self.jumps.pop(0) if self.jumps else 0.0)
+        return self.now
 
 
 def wait_for(predicate: object, timeout_s: float = 5.0) -> None:
@@ -44,24 +48,20 @@ def test_each_watcher_runs_pinned_to_its_own_cpu() -> None:
 
 
 def test_a_wake_up_later_than_the_threshold_is_a_stall_and_a_shorter_one_is_not() -> None:
-    clock = JumpingClock()
-    watch = CpuStallWatch(threshold_s=5.0, tick_s=0.01, monotonic=clock)
+    cpu = min(os.sched_getaffinity(0))
+    clock = SteppingClock(tick_s=0.01)
+    clock.jumps = [0.0, 4.0, 0.0, 6.0]  # late by 4 s (a busy CPU, under the threshold), then by 6 s
+    watch = CpuStallWatch(threshold_s=5.0, tick_s=0.01, cpus=[cpu], monotonic=clock)
     watch.start()
     try:
-        time.sleep(0.1)
-        clock.offset += 4.0  # late, but under the threshold: a busy CPU, not a stalled one
-        time.sleep(0.1)
-        assert watch.stalls_since() == []
-        clock.offset += 6.0
-        wait_for(lambda: len(watch.stalls_since()) == len(watch._threads))
+        wait_for(lambda: not clock.jumps and len(watch.stalls_since()) == 1)
     finally:
         watch.stop()
-    stalls = watch.stalls_since()
-    assert sorted(stall.cpu for stall in stalls) == sorted(os.sched_getaffinity(0))
-    for stall in stalls:
-        assert 5.9 < stall.late_s < 7.0
-        assert stall.end - stall.start == pytest.approx(stall.late_s + 0.01, abs=0.05)
-        assert f"CPU {stall.cpu} ran nothing for" in stall.describe()
+    [stall] = watch.stalls_since()
+    assert stall.cpu == cpu
+    assert stall.late_s == pytest.approx(6.0)
+    assert stall.end - stall.start == pytest.approx(6.01)
+    assert f"CPU {cpu} ran nothing for 6.0 s" in stall.describe()
     assert watch.stalls_since(time.time() + 1) == []
 
 

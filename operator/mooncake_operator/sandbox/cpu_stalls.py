@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 THRESHOLD_S = 5.0
@@ -46,10 +46,12 @@ class CpuStallWatch:
         *,
         threshold_s: float = THRESHOLD_S,
         tick_s: float = TICK_S,
+        cpus: Iterable[int] | None = None,  # default: every CPU this process may run on
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold_s = threshold_s
         self.tick_s = tick_s
+        self.cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
         self._monotonic = monotonic
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -57,7 +59,7 @@ class CpuStallWatch:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        for cpu in sorted(os.sched_getaffinity(0)):
+        for cpu in self.cpus:
             thread = threading.Thread(
                 target=self._watch, args=(cpu,), name=f"cpu-stall-watch-{cpu}", daemon=True
             )
