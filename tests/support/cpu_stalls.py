@@ -32,10 +32,14 @@ def stalls_during_test() -> list[CpuStall]:
 
 
 def stalled_during_test(error: BaseException | None = None) -> bool:
-    """pytest-rerunfailures' `condition`: rerun a failed test only when a CPU stalled while it ran."""
+    """pytest-rerunfailures' `condition`: rerun a failed test only when a CPU stalled while it ran.
+
+    The plugin also asks after a passing attempt (with no error); only a failure's answer is printed.
+    """
     stalls = stalls_during_test()
-    for stall in stalls:
-        print(f"platform stall during this test (rerun allowed): {stall.describe()}", file=sys.stderr)
+    if error is not None:
+        for stall in stalls:
+            print(f"platform stall during this failed test (rerun): {stall.describe()}", file=sys.stderr)
     return bool(stalls)
 
 

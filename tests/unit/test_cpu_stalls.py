@@ -66,7 +66,7 @@ def test_a_wake_up_later_than_the_threshold_is_a_stall_and_a_shorter_one_is_not(
 
 
 def test_a_failed_test_is_rerun_only_after_a_stall_that_ended_while_it_ran(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     watch = CpuStallWatch()
     stall = CpuStall(cpu=0, start=100.0, end=160.0, late_s=59.9)
@@ -79,6 +79,10 @@ def test_a_failed_test_is_rerun_only_after_a_stall_that_ended_while_it_ran(
     monkeypatch.setattr(cpu_stalls, "_test_started", 150.0)  # the stall ended while this test ran
     assert cpu_stalls.stalled_during_test(RuntimeError("any failure")) is True
     assert cpu_stalls.stalls_during_test() == [stall]
+    assert "CPU 0 ran nothing for 59.9 s" in capsys.readouterr().err
+    # The plugin asks after a passing attempt too: the answer is the same, and nothing is printed.
+    assert cpu_stalls.stalled_during_test(None) is True
+    assert capsys.readouterr().err == ""
 
 
 def test_without_a_watch_nothing_is_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
