@@ -272,33 +272,29 @@ async def test_store_paths_are_warmed_and_a_transient_failure_is_retried(
     assert any("store transfer paths warmed (2 pairs)" in line for line in progress.lines)
 
 
+@pytest.mark.parametrize(
+    ("behaviour", "why"),
+    [
+        ("chat-500", "HTTP 500"),
+        # HTTP 200 on both sides is not enough: the reader must have loaded from the store once.
+        (
+            "never-loads",
+            "replica-B loaded nothing from the store (vllm:external_prefix_cache_hits_total did not rise)",
+        ),
+    ],
+)
 async def test_a_store_path_that_never_works_is_a_setup_error(
-    tmp_path: Path, prepared: Prepared, records: Path
+    tmp_path: Path, prepared: Prepared, records: Path, behaviour: str, why: str
 ) -> None:
-    with pytest.raises(SandboxSetupError, match="failed 3 warm-up attempts"):
-        async with start_sandbox(
-            _options(tmp_path),
-            progress=SilentProgress(),
-            prepared=prepared,
-            inherited_env=_env(records, "chat-500"),
-        ):
-            pytest.fail("the sandbox must not start")
-
-
-async def test_a_store_path_that_answers_but_never_loads_is_a_setup_error(
-    tmp_path: Path, prepared: Prepared, records: Path
-) -> None:
-    """HTTP 200 on both sides is not enough: the reader must have loaded from the store once."""
     with pytest.raises(SandboxSetupError, match="failed 3 warm-up attempts") as caught:
         async with start_sandbox(
             _options(tmp_path),
             progress=SilentProgress(),
             prepared=prepared,
-            inherited_env=_env(records, "never-loads"),
+            inherited_env=_env(records, behaviour),
         ):
             pytest.fail("the sandbox must not start")
-    assert "replica-B loaded nothing from the store" in str(caught.value)
-    assert "vllm:external_prefix_cache_hits_total did not rise" in str(caught.value)
+    assert why in str(caught.value)
 
 
 async def test_a_replica_dying_mid_run_fails_fast(tmp_path: Path, prepared: Prepared, records: Path) -> None:
