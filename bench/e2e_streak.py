@@ -80,7 +80,9 @@ def machine_lock(path: Path | None) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run_tier(run: int, python: str, lock: Path | None, pytest_args: list[str]) -> RunRecord:
+def run_tier(
+    run: int, python: str, lock: Path | None, pytest_args: list[str], log_dir: Path | None
+) -> RunRecord:
     command = [python, "-m", "mooncake_operator.netns", "--", python, "-m", "pytest", "tests/e2e"]
     command += ["-q", "-rR", "-p", "no:cacheprovider", *pytest_args]
     watch = CpuStallWatch()
@@ -91,6 +93,9 @@ def run_tier(run: int, python: str, lock: Path | None, pytest_args: list[str]) -
         wall = time.time() - started
         watch.stop()
     output = completed.stdout + completed.stderr
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"run-{run}.log").write_text(output)
     return RunRecord(
         run=run,
         started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
@@ -115,6 +120,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=10, help="how many runs of the e2e tier (default 10)")
     parser.add_argument("--out", type=Path, help="append each run's JSON line to this file too")
     parser.add_argument("--lock", type=Path, help="hold this lock file (flock) during each run")
+    parser.add_argument("--log-dir", type=Path, help="keep each run's pytest output here (run-N.log)")
     parser.add_argument("--python", default=sys.executable, help="the project's Python (default: this one)")
     parser.add_argument(
         "--stop-on-unclean", action="store_true", help="stop at the first run with a rerun or failure"
@@ -125,7 +131,7 @@ def main() -> int:
         parser.error("--runs must be at least 1")
     records: list[RunRecord] = []
     for run in range(1, args.runs + 1):
-        record = run_tier(run, args.python, args.lock, args.pytest_args)
+        record = run_tier(run, args.python, args.lock, args.pytest_args, args.log_dir)
         records.append(record)
         line = json.dumps({**asdict(record), "clean": record.clean})
         print(line, flush=True)
