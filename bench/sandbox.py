@@ -30,7 +30,6 @@ import httpx
 
 from mooncake_operator import netns
 from mooncake_operator.canary import CanaryResult, chat, customer_request, run_canary
-from mooncake_operator.commands.sandbox import canary_config
 from mooncake_operator.sandbox import EngineMode, Prepared, Sandbox, SandboxOptions, prepare, start_sandbox
 
 GIB = 1024**3
@@ -45,7 +44,7 @@ async def _sample_rss(sandbox_box: list[Sandbox], peak: list[int]) -> None:
 
 
 async def _pair(sandbox: Sandbox, *, eagle: bool) -> CanaryResult:
-    config = canary_config(sandbox.replica_urls, block_size=sandbox.block_size, eagle=eagle)
+    config = sandbox.canary_config(eagle=eagle)
     return await sandbox.guard(run_canary(config.model_copy(update={"pairs": "first"})))
 
 

@@ -40,7 +40,6 @@ from mooncake_operator.canary import (
     run_canary,
     scrape_counters,
 )
-from mooncake_operator.commands.sandbox import canary_config
 from mooncake_operator.sandbox import (
     EngineMode,
     MasterDownError,
@@ -162,7 +161,7 @@ async def test_steps_1_to_3_warm_answer_on_b_is_corrupted_cold_answer_is_not(
 
 async def test_canary_fails_on_the_buggy_engine(sandbox: Sandbox, reference: Reference) -> None:
     await configure(sandbox, EngineMode.BUGGY, speculative=True)
-    config = canary_config(sandbox.replica_urls, block_size=BLOCK_SIZE, eagle=True)
+    config = sandbox.canary_config(eagle=True)
 
     result = await sandbox.guard(run_canary(config))
 
@@ -240,7 +239,7 @@ async def test_after_the_patcher_step_2_equals_step_1(
 
 async def test_canary_passes_on_the_patched_engine(sandbox: Sandbox) -> None:
     await configure(sandbox, EngineMode.PATCHED, speculative=True)
-    config = canary_config(sandbox.replica_urls, block_size=BLOCK_SIZE, eagle=True)
+    config = sandbox.canary_config(eagle=True)
 
     result = await sandbox.guard(run_canary(config))
 
@@ -256,7 +255,7 @@ async def test_a_replica_killed_mid_run_is_a_clear_failure_not_a_hang(sandbox: S
     await configure(sandbox, EngineMode.PATCHED, speculative=True)
     victim = sandbox.replicas[B].process
     assert victim is not None
-    config = canary_config(sandbox.replica_urls, block_size=BLOCK_SIZE, eagle=True)
+    config = sandbox.canary_config(eagle=True)
     asyncio.get_running_loop().call_later(1.0, os.kill, victim.pid, signal.SIGKILL)
     started = time.monotonic()
 

@@ -12,6 +12,7 @@ import pytest
 from mooncake_operator.canary import customer_request
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands import sandbox as command
+from mooncake_operator.reconcile import proof
 from mooncake_operator.sandbox import (
     EngineMode,
     MasterDownError,
@@ -22,6 +23,7 @@ from mooncake_operator.sandbox import (
 )
 from mooncake_operator.sandbox.engine_env import EngineEnv
 from mooncake_operator.sandbox.models import TinyModels
+from mooncake_operator.sandbox.runtime import canary_spec
 
 pytestmark = pytest.mark.unit
 
@@ -71,11 +73,15 @@ def test_one_replica_is_refused_with_the_reason(capsys: pytest.CaptureFixture[st
     assert "one writes the prefix, another reads it" in capsys.readouterr().err
 
 
-def test_canary_uses_the_customer_request_with_content_checks_off_and_the_exact_hit() -> None:
-    config = command.canary_config(["http://127.0.0.1:1", "http://127.0.0.1:2"], block_size=32, eagle=True)
+@pytest.mark.parametrize("speculative", [True, False])
+def test_sandbox_canary_is_the_customer_request_content_checks_off_exact_hit(speculative: bool) -> None:
+    # The operator's builder applied to the sandbox's spec: one rule for both (issue 13).
+    spec = canary_spec(speculative=speculative, block_size=32)
+    config = proof.canary_config(spec, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
     assert config.request == customer_request()
     assert config.expectations == []
-    assert (config.block_size, config.eagle, config.pairs) == (32, True, "ring")
+    assert (config.block_size, config.eagle, config.pairs) == (32, speculative, "ring")
+    assert config.request_timeout_s == 300.0
     assert config.expected_external_hit_tokens is None  # computed per pair from the prompt tokens
 
 

@@ -32,18 +32,15 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
 from mooncake_operator import netns
 from mooncake_operator.canary import (
-    CanaryConfig,
     CanaryResult,
     ExitCode,
     Verdict,
-    customer_request,
     run_canary,
 )
 from mooncake_operator.canary.report import render_json, render_table
@@ -77,7 +74,6 @@ CONTENT_CHECKS_OFF = (
     "content checks off: the tiny random model answers gibberish, so the canary checks that the warm "
     "answer equals the cold one and that the reader loaded the prefix from the store"
 )
-REQUEST_TIMEOUT_S = 300.0  # a CPU replica on a busy 2-core machine can take long for 80 tokens
 
 EPILOG = """\
 exit status: 0 passed, 1 failed (or a replica died), 2 inconclusive, 3 usage or environment error
@@ -309,9 +305,7 @@ _SEVERITY = {Verdict.PASSED: 0, Verdict.INCONCLUSIVE: 1, Verdict.FAILED: 2}
 
 
 async def _revision_change(sandbox: Sandbox, outcome: dict[str, Any], started: float) -> int:
-    config = canary_config(
-        sandbox.replica_urls, block_size=sandbox.block_size, eagle=sandbox.options.speculative
-    )
+    config = sandbox.canary_config()
     async with httpx.AsyncClient(trust_env=False) as client:
         report: RevisionChangeReport = await sandbox.guard(prove_revision_change(sandbox, client, config))
     outcome["revision_change"] = report.as_json()
@@ -328,9 +322,7 @@ async def _failover(sandbox: Sandbox, before: CanaryResult, outcome: dict[str, A
     if before.verdict is not Verdict.PASSED:
         outcome["failover"] = {"skipped": "the canary before the failover did not pass"}
         return before.verdict
-    config = canary_config(
-        sandbox.replica_urls, block_size=sandbox.block_size, eagle=sandbox.options.speculative
-    )
+    config = sandbox.canary_config()
     async with httpx.AsyncClient(trust_env=False) as client:
         report: FailoverReport = await sandbox.guard(prove_failover(sandbox, client, config))
     _stderr_line(f"sandbox: failover: {report.summary()}")
@@ -342,25 +334,10 @@ async def _failover(sandbox: Sandbox, before: CanaryResult, outcome: dict[str, A
 
 
 async def _canary(sandbox: Sandbox) -> CanaryResult:
-    config = canary_config(
-        sandbox.replica_urls, block_size=sandbox.block_size, eagle=sandbox.options.speculative
-    )
+    config = sandbox.canary_config()
     _stderr_line(f"sandbox: canary across {', '.join(sandbox.replica_urls)} ({CONTENT_CHECKS_OFF})")
     async with httpx.AsyncClient(trust_env=False) as client:
         return await run_canary(config, client=client)
-
-
-def canary_config(replicas: Sequence[str], *, block_size: int, eagle: bool) -> CanaryConfig:
-    """The customer's request, content checks off, the exact external hit demanded for this block size."""
-    return CanaryConfig(
-        replicas=list(replicas),
-        request=customer_request(),
-        expectations=[],
-        pairs="ring",
-        request_timeout_s=REQUEST_TIMEOUT_S,
-        block_size=block_size,
-        eagle=eagle,
-    )
 
 
 def _print_outcome(outcome: dict[str, Any], *, as_json: bool) -> None:

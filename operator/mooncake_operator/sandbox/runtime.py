@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from mooncake_operator.api import MooncakeServingSpec
-from mooncake_operator.canary import chat, customer_request, scrape_counters
+from mooncake_operator.api import CanarySpec, MooncakeServingSpec
+from mooncake_operator.canary import CanaryConfig, chat, customer_request, scrape_counters
 from mooncake_operator.canary.client import CounterScrapeError
 from mooncake_operator.canary.metrics import EXTERNAL_HITS
 from mooncake_operator.engine_args import (
@@ -41,6 +41,7 @@ from mooncake_operator.engine_args import (
     replica_launch,
 )
 from mooncake_operator.examples import customer_deployment
+from mooncake_operator.reconcile import proof
 from mooncake_operator.sandbox.cpu_stalls import CpuStallWatch
 from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
 from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
@@ -157,6 +158,22 @@ def sandbox_spec(
     return spec.model_copy(update=updates)
 
 
+# The canary the sandbox runs, as a spec's canary: content checks off (the tiny random model answers
+# gibberish; warm must still equal cold and the reader must load the whole prefix), every replica as
+# writer and reader, and 300 s per request (a CPU replica on a busy 2-core machine can take long).
+SANDBOX_CANARY = CanarySpec(expectations=[], pairs="ring", timeout_seconds=300)
+
+
+def canary_spec(*, speculative: bool, block_size: int) -> MooncakeServingSpec:
+    """The spec whose canary the sandbox runs: the customer's at the sandbox's block size, SANDBOX_CANARY.
+
+    The operator's `proof.canary_config` turns it into the canary's config, so the sandbox and the
+    operator prove a deployment by one rule (the exact hit follows the block size and Eagle's drop)."""
+    spec = sandbox_spec(speculative=speculative)
+    engine = spec.engine.model_copy(update={"block_size": block_size})
+    return spec.model_copy(update={"engine": engine, "canary": SANDBOX_CANARY})
+
+
 def substitutions_for(models: TinyModels, *, speculative: bool, revision: int = 1) -> SandboxSubstitutions:
     return SandboxSubstitutions(
         model_path=str(models.target_for(revision)),
@@ -231,6 +248,12 @@ class Sandbox:
     @property
     def block_size(self) -> int:
         return substitutions_for(self.prepared.models, speculative=True).block_size
+
+    def canary_config(self, *, eagle: bool | None = None) -> CanaryConfig:
+        """The canary across every replica; `eagle` defaults to the sandbox's --speculative."""
+        speculative = self.options.speculative if eagle is None else eagle
+        spec = canary_spec(speculative=speculative, block_size=self.block_size)
+        return proof.canary_config(spec, self.replica_urls)
 
     def spec_for(self, replica: Replica) -> MooncakeServingSpec:
         return sandbox_spec(
