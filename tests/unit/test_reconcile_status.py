@@ -59,8 +59,8 @@ def test_empty_strings_are_left_out() -> None:
 def test_not_ready(
     observation: Observation, revisions: Revisions, canary: CanaryStatus | None, phase: str, reason: str
 ) -> None:
-    verdict = status.not_ready(observation, revisions, canary, enabled=True)
-    assert (verdict.phase, verdict.conditions[READY].reason, verdict.conditions[READY].status) == (
+    standing = status.not_ready(observation, revisions, canary, enabled=True)
+    assert (standing.phase, standing.conditions[READY].reason, standing.conditions[READY].status) == (
         phase,
         reason,
         "False",
@@ -81,9 +81,9 @@ def test_not_ready(
 def test_settled(
     revisions: Revisions, canary: CanaryStatus | None, enabled: bool, phase: str, ready: str, reason: str
 ) -> None:
-    verdict = status.settled(READY_OBSERVATION, revisions, canary, enabled=enabled, on_failure="Hold")
-    condition = verdict.conditions[READY]
-    assert (verdict.phase, condition.status, condition.reason) == (phase, ready, reason)
+    standing = status.settled(READY_OBSERVATION, revisions, canary, enabled=enabled, on_failure="Hold")
+    condition = standing.conditions[READY]
+    assert (standing.phase, condition.status, condition.reason) == (phase, ready, reason)
 
 
 def test_hold_says_the_failed_replicas_are_out_of_traffic() -> None:

@@ -214,8 +214,8 @@ class _StatusWriter:
         self.current = parse_status(self.wire)
         self.now = runtime.clock()
 
-    async def write(self, verdict: status.Verdict, new: MooncakeServingStatus) -> None:
-        """Patch what differs from the stored status; `verdict` is what `new` was built from."""
+    async def write(self, standing: status.Standing, new: MooncakeServingStatus) -> None:
+        """Patch what differs from the stored status; `standing` is what `new` was built from."""
         previous = self.current
         new_wire = status.without_empty_strings(new.to_wire())
         patch = status.merge_patch(self.wire, new_wire)
@@ -236,43 +236,43 @@ class _StatusWriter:
         self.runtime.metrics.ready.labels(self.namespace, self.name).set(
             1 if ready and ready.status == "True" else 0
         )
-        if verdict.phase != previous.phase or (
-            verdict.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
+        if standing.phase != previous.phase or (
+            standing.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
         ):
-            await self._event(verdict, ready)
+            await self._event(standing, ready)
 
-    async def _event(self, verdict: status.Verdict, ready: api.Condition | None) -> None:
-        reason = ready.reason if ready else verdict.phase
-        message = f"{verdict.phase}: {ready.message}" if ready else verdict.phase
+    async def _event(self, standing: status.Standing, ready: api.Condition | None) -> None:
+        reason = ready.reason if ready else standing.phase
+        message = f"{standing.phase}: {ready.message}" if ready else standing.phase
         logger.info("%s/%s %s", self.namespace, self.name, message)
         await self.runtime.kube.create_event(
-            self.body, reason=reason, message=message, type=status.event_type(verdict.phase, reason)
+            self.body, reason=reason, message=message, type=status.event_type(standing.phase, reason)
         )
 
     async def apply_failed(self, message: str, retry_after: float) -> Outcome:
         """The API server refused a child: Ready says why; every other field is kept."""
-        verdict = status.apply_failed(message, self.current.phase)
+        standing = status.apply_failed(message, self.current.phase)
         conditions = merge_conditions(
             self.current.conditions,
-            verdict.conditions,
+            standing.conditions,
             now=proof.format_time(self.now),
             generation=self.generation,
         )
-        update = {"phase": verdict.phase, "observed_generation": self.generation, "conditions": conditions}
-        await self.write(verdict, self.current.model_copy(update=update))
+        update = {"phase": standing.phase, "observed_generation": self.generation, "conditions": conditions}
+        await self.write(standing, self.current.model_copy(update=update))
         return Outcome(ReconcileResult.ERROR, message, retry_after=retry_after)
 
     async def invalid(self, problems: list[str]) -> Outcome:
         """Nothing is applied; the status says why, field by field (every other field is kept)."""
-        verdict = status.invalid(problems)
+        standing = status.invalid(problems)
         conditions = merge_conditions(
             self.current.conditions,
-            verdict.conditions,
+            standing.conditions,
             now=proof.format_time(self.now),
             generation=self.generation,
         )
-        update = {"phase": verdict.phase, "observed_generation": self.generation, "conditions": conditions}
-        await self.write(verdict, self.current.model_copy(update=update))
+        update = {"phase": standing.phase, "observed_generation": self.generation, "conditions": conditions}
+        await self.write(standing, self.current.model_copy(update=update))
         return Outcome(ReconcileResult.INVALID, "; ".join(problems))
 
 
@@ -379,7 +379,7 @@ class _Pass:
         goes only once its successor's pods are in the client Service."""
         if decision.record_last_good is not None:
             await write_last_good(self.kube, self.resource, decision.record_last_good, owner_uid=self.uid)
-        await self.state.write(decision.verdict, decision.status)
+        await self.state.write(decision.standing, decision.status)
         await set_traffic(self.kube, self.namespace, decision.traffic_labels)
         if decision.remove_sets:
             logger.info(

@@ -121,7 +121,7 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Plan:
-    verdict: status.Verdict  # phase and conditions (events are posted on phase transitions)
+    standing: status.Standing  # phase and conditions (events are posted on phase transitions)
     status: MooncakeServingStatus  # the whole next status
     traffic_labels: dict[str, str]  # pod name -> traffic label value, only pods whose label must change
     outcome: Outcome | None  # None exactly when a canary is ordered
@@ -393,7 +393,7 @@ def _must_roll_back(inputs: Inputs, revisions: status.Revisions, canary: CanaryS
 
 def _next_status(
     inputs: Inputs,
-    verdict: status.Verdict,
+    standing: status.Standing,
     revisions: status.Revisions,
     canary: CanaryStatus | None,
     held: list[str],
@@ -403,11 +403,11 @@ def _next_status(
     generation = inputs.resource.metadata.generation
     replicas = inputs.observation.replicas
     return MooncakeServingStatus(
-        phase=verdict.phase,
+        phase=standing.phase,
         observed_generation=generation,
         conditions=merge_conditions(
             inputs.current.conditions,
-            verdict.conditions,
+            standing.conditions,
             now=proof.format_time(inputs.now),
             generation=generation,
         ),
@@ -493,10 +493,10 @@ def _candidate_phase(canary: CanaryStatus | None, revision: str, observation: Ob
 
 
 def _settled_outcome(
-    verdict: status.Verdict, canary: CanaryStatus | None, revisions: status.Revisions, timing: Timing
+    standing: status.Standing, canary: CanaryStatus | None, revisions: status.Revisions, timing: Timing
 ) -> Outcome:
-    message = verdict.conditions[READY].message
-    if verdict.phase == "Ready":
+    message = standing.conditions[READY].message
+    if standing.phase == "Ready":
         return Outcome(ReconcileResult.READY, message)
     if revisions.rolled_back:
         return Outcome(ReconcileResult.ROLLED_BACK, message)
@@ -516,7 +516,7 @@ def plan(inputs: Inputs) -> Plan:
     held = next_held(inputs.current, inputs.fresh, enabled=enabled)
 
     def planned(
-        verdict: status.Verdict,
+        standing: status.Standing,
         outcome: Outcome | None,
         *,
         run_canary: CanaryOrder | None = None,
@@ -541,24 +541,24 @@ def plan(inputs: Inputs) -> Plan:
             removed += (sets.serving,)
         if sets.candidate is not None and roll_back:
             removed += (sets.candidate,)
-        next_status = _next_status(inputs, verdict, revisions, canary, held, traffic, rollout)
+        next_status = _next_status(inputs, standing, revisions, canary, held, traffic, rollout)
         labels = label_changes(observation, traffic)
         return Plan(
-            verdict, next_status, labels, outcome, run_canary, record_last_good, roll_back, tuple(removed)
+            standing, next_status, labels, outcome, run_canary, record_last_good, roll_back, tuple(removed)
         )
 
     if inputs.fresh is None and not observation.ready:
-        verdict = status.not_ready(observation, revisions, canary, enabled=enabled)
-        message = verdict.conditions[READY].message
+        standing = status.not_ready(observation, revisions, canary, enabled=enabled)
+        message = standing.conditions[READY].message
         outcome = Outcome(ReconcileResult.WAITING, message, inputs.timing.retry_delay_seconds)
-        return planned(verdict, outcome, phase="Deploying")
+        return planned(standing, outcome, phase="Deploying")
     if not enabled:
-        verdict = status.settled(
+        standing = status.settled(
             observation, revisions, canary, enabled=False, on_failure=spec.canary.on_failure
         )
         # BlueGreen without a canary: the candidate is switched to once all its replicas are Ready.
-        outcome = Outcome(ReconcileResult.READY, verdict.conditions[READY].message)
-        return planned(verdict, outcome, switched=sets.candidate is not None)
+        outcome = Outcome(ReconcileResult.READY, standing.conditions[READY].message)
+        return planned(standing, outcome, switched=sets.candidate is not None)
     if inputs.fresh is None:
         target = canary_target(inputs)
         why = proof.canary_due(
@@ -569,18 +569,18 @@ def plan(inputs: Inputs) -> Plan:
             inconclusive_retry_seconds=inputs.timing.inconclusive_retry_seconds,
         )
         if why is not None:
-            verdict = status.canary_running(observation, revisions, why)
-            return planned(verdict, None, run_canary=CanaryOrder(target, why), phase="Canary")
+            standing = status.canary_running(observation, revisions, why)
+            return planned(standing, None, run_canary=CanaryOrder(target, why), phase="Canary")
     if _must_roll_back(inputs, revisions, canary):
         assert canary is not None  # checked by _must_roll_back
-        verdict = status.rolling_back(observation, revisions, canary)
+        standing = status.rolling_back(observation, revisions, canary)
         revisions = dataclasses.replace(revisions, failed=revisions.desired)
         outcome = Outcome(
             ReconcileResult.ROLLED_BACK,
-            verdict.conditions[READY].message,
+            standing.conditions[READY].message,
             retry_after=min(inputs.timing.retry_delay_seconds, 1.0),
         )
-        return planned(verdict, outcome, roll_back=True)
+        return planned(standing, outcome, roll_back=True)
     failed_here = canary is not None and canary.verdict == "Failed"
     if failed_here and spec.canary.on_failure == "Rollback" and revisions.serving == revisions.desired:
         # A stored record that was changed after its canary is never rolled back to: say so.
@@ -598,6 +598,6 @@ def plan(inputs: Inputs) -> Plan:
         and _covers(canary, revisions.serving, observation)
     )
     phase = None if switched else _candidate_phase(canary, revisions.serving, observation)
-    verdict = status.settled(observation, revisions, canary, enabled=True, on_failure=spec.canary.on_failure)
-    outcome = _settled_outcome(verdict, canary, revisions, inputs.timing)
-    return planned(verdict, outcome, record_last_good=record, phase=phase, switched=switched)
+    standing = status.settled(observation, revisions, canary, enabled=True, on_failure=spec.canary.on_failure)
+    outcome = _settled_outcome(standing, canary, revisions, inputs.timing)
+    return planned(standing, outcome, record_last_good=record, phase=phase, switched=switched)

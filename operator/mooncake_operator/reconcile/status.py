@@ -56,17 +56,17 @@ class Revisions:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The phase and the four conditions of one reconcile."""
+class Standing:
+    """The phase and the four conditions of one reconcile (not a canary's `Verdict`)."""
 
     phase: Phase
     conditions: dict[ConditionType, ConditionState]
 
 
-def invalid(problems: list[str]) -> Verdict:
+def invalid(problems: list[str]) -> Standing:
     message = "the spec is invalid: " + "; ".join(problems)
     not_reconciled = cond.unknown(Reason.INVALID_SPEC, "not reconciled: the spec is invalid")
-    return Verdict(
+    return Standing(
         "Invalid",
         {
             cond.MASTER_READY: not_reconciled,
@@ -77,10 +77,10 @@ def invalid(problems: list[str]) -> Verdict:
     )
 
 
-def apply_failed(message: str, previous: Phase | None) -> Verdict:
+def apply_failed(message: str, previous: Phase | None) -> Standing:
     """The API server refused a child: Ready says which and why; the phase stays what it was."""
     unknown = cond.unknown(Reason.APPLY_FAILED, "not reconciled: applying a child failed")
-    return Verdict(
+    return Standing(
         previous or "Pending",
         {
             cond.MASTER_READY: unknown,
@@ -123,7 +123,7 @@ def canary_condition(canary: CanaryStatus | None, revisions: Revisions, *, enabl
 
 def not_ready(
     observation: Observation, revisions: Revisions, canary: CanaryStatus | None, *, enabled: bool
-) -> Verdict:
+) -> Standing:
     """Master or replicas not ready: Pending before any pod exists, Deploying during a rollout, Degraded when
     a revision that already passed lost readiness."""
     workload = _workload_conditions(observation)
@@ -131,7 +131,7 @@ def not_ready(
         state.message for state in workload.values() if state.status != "True" and state.message
     )
     phase, ready = _not_ready_phase(observation, revisions, canary, detail)
-    return Verdict(
+    return Standing(
         phase,
         {
             **workload,
@@ -159,9 +159,9 @@ def _proven(canary: CanaryStatus | None, revisions: Revisions) -> bool:
     return canary is not None and canary.target is not None and canary.target.revision == revisions.serving
 
 
-def canary_running(observation: Observation, revisions: Revisions, why: str) -> Verdict:
+def canary_running(observation: Observation, revisions: Revisions, why: str) -> Standing:
     running = cond.unknown(Reason.CANARY_RUNNING, f"revision {revisions.serving}: {why}")
-    return Verdict(
+    return Standing(
         "Canary",
         {
             **_workload_conditions(observation),
@@ -180,7 +180,7 @@ def settled(
     *,
     enabled: bool,
     on_failure: str,
-) -> Verdict:
+) -> Standing:
     """Master and replicas ready; the last canary (or none, when disabled) decides."""
     workload = _workload_conditions(observation)
     canary_state = canary_condition(canary, revisions, enabled=enabled)
@@ -192,27 +192,27 @@ def settled(
                 f"good revision {revisions.serving}. Change the spec, or set the rerun-canary annotation "
                 "to retry it"
             )
-            return Verdict("Degraded", {**conditions, cond.READY: cond.false(Reason.ROLLED_BACK, message)})
+            return Standing("Degraded", {**conditions, cond.READY: cond.false(Reason.ROLLED_BACK, message)})
         message = (
             f"revision {revisions.serving} serving; canary passed"
             if enabled
             else f"revision {revisions.serving} serving; canary disabled"
         )
-        return Verdict("Ready", {**conditions, cond.READY: cond.true(Reason.READY, message)})
+        return Standing("Ready", {**conditions, cond.READY: cond.true(Reason.READY, message)})
     if canary_state.reason is Reason.CANARY_PENDING:
-        return Verdict(
+        return Standing(
             "Canary", {**conditions, cond.READY: cond.false(Reason.CANARY_PENDING, canary_state.message)}
         )
     held = " Replicas that failed are out of the client Service." if on_failure == "Hold" else ""
     if revisions.rollback_refused:
         held += f" Rollback refused: {revisions.rollback_refused}."
-    return Verdict(
+    return Standing(
         "CanaryFailed",
         {**conditions, cond.READY: cond.false(canary_state.reason, canary_state.message + held)},
     )
 
 
-def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryStatus) -> Verdict:
+def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryStatus) -> Standing:
     """The spec's revision just failed; the last good one is about to be rendered again."""
     failed = cond.false(
         Reason.CANARY_FAILED, f"run {canary.run_id} against revision {revisions.desired}: {canary.reason}"
@@ -221,7 +221,7 @@ def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryS
         f"revision {revisions.desired} failed the canary; rolling back to the last good revision "
         f"{revisions.last_good}"
     )
-    return Verdict(
+    return Standing(
         "Deploying",
         {
             **_workload_conditions(observation),
