@@ -21,6 +21,7 @@ import contextlib
 import fcntl
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -127,6 +128,10 @@ def main() -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments, after --")
     args = parser.parse_args()
+    # Started as a background job (`... &`), this process inherits SIGINT ignored, and so would the
+    # tier's processes: its test of an interrupted sandbox would then fail for the driver's sake.
+    # A Python handler here makes every child start with the default disposition.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     records: list[RunRecord] = []

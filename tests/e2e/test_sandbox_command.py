@@ -19,6 +19,16 @@ from mooncake_operator.sandbox import Prepared
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 COMMAND = [sys.executable, "-m", "mooncake_operator", "sandbox"]
+# The interrupted run must start with SIGINT at its default disposition, whatever pytest inherited: a
+# background job of a non-interactive shell starts with SIGINT ignored (POSIX), an ignored signal stays
+# ignored across exec, and Python then installs no KeyboardInterrupt handler (seen: a tier started
+# with `... &` failed here, the run going on to its verdict after SIGINT). A small exec wrapper resets it.
+WITH_DEFAULT_SIGINT = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])",
+]
 SERVER_MARKERS = ("vllm.entrypoints.openai.api_server", "mooncake_master", "VLLM::", "EngineCore")
 
 
@@ -85,7 +95,10 @@ def test_an_interrupted_run_stops_every_process_it_started(
     stderr = tmp_path / "stderr.log"
     with stderr.open("w") as sink:
         process = subprocess.Popen(
-            [*COMMAND, "--engine", "buggy"], stdout=subprocess.PIPE, stderr=sink, text=True
+            [*WITH_DEFAULT_SIGINT, *COMMAND, "--engine", "buggy"],
+            stdout=subprocess.PIPE,
+            stderr=sink,
+            text=True,
         )
     try:
         _wait_for(lambda: "run directory" in stderr.read_text(), 120, "the run directory line")
