@@ -102,8 +102,8 @@ def run_tier(
         started_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         wall_s=round(wall, 1),
         exit_code=completed.returncode,
-        counts=parse_summary(output),
-        rerun_tests=rerun_tests(output),
+        counts=parse_summary(completed.stdout),  # pytest's own lines; the tests' stderr may say "in 3s"
+        rerun_tests=rerun_tests(completed.stdout),
         cpu_stalls=[stall.describe() for stall in watch.stalls_since(started)],
     )
 
