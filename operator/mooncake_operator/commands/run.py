@@ -47,13 +47,25 @@ def register(subparsers: Any) -> None:
         "--kubeconfig", type=Path, metavar="FILE", help="default: in-cluster, else $KUBECONFIG"
     )
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
-    parser.add_argument("--liveness-host", default="0.0.0.0", metavar="HOST")
     parser.add_argument(
-        "--liveness-port", type=int, default=8080, metavar="PORT", help="/healthz port (0 disables)"
+        "--liveness-host", default="0.0.0.0", metavar="HOST", help="address of /healthz (default: 0.0.0.0)"
     )
-    parser.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST")
     parser.add_argument(
-        "--metrics-port", type=int, default=9090, metavar="PORT", help="/metrics port (0 disables)"
+        "--liveness-port",
+        type=int,
+        default=8080,
+        metavar="PORT",
+        help="/healthz port (default: 8080; 0 disables)",
+    )
+    parser.add_argument(
+        "--metrics-host", default="0.0.0.0", metavar="HOST", help="address of /metrics (default: 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9090,
+        metavar="PORT",
+        help="/metrics port (default: 9090; 0 disables)",
     )
     parser.add_argument(
         "--replica-endpoints",
@@ -80,7 +92,8 @@ def register(subparsers: Any) -> None:
         type=float,
         default=10.0,
         metavar="S",
-        help="retry after the API server refused or did not answer (default: 10)",
+        help="look again this soon while waiting (readiness, a leading HA master, a rollback) and after the "
+        "API server refused or did not answer (default: 10)",
     )
     parser.add_argument(
         "--max-concurrent-canaries",
@@ -97,9 +110,27 @@ def register(subparsers: Any) -> None:
         help="ask highly available masters which one leads at least this often (default: 30; a failover "
         "need not change any pod, so no watch reports it)",
     )
-    parser.add_argument("--inconclusive-retry-seconds", type=float, default=60.0, metavar="S")
-    parser.add_argument("--request-timeout-seconds", type=float, default=30.0, metavar="S")
-    parser.add_argument("--watch-timeout-seconds", type=float, default=300.0, metavar="S")
+    parser.add_argument(
+        "--inconclusive-retry-seconds",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="run the canary again this long after an Inconclusive run (default: 60)",
+    )
+    parser.add_argument(
+        "--request-timeout-seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="timeout of one API request (default: 30)",
+    )
+    parser.add_argument(
+        "--watch-timeout-seconds",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="server-side timeout of a watch; the client gives up 30 s later and reconnects (default: 300)",
+    )
     parser.add_argument(
         "--leader-election",
         action=argparse.BooleanOptionalAction,
@@ -113,7 +144,10 @@ def register(subparsers: Any) -> None:
         help="namespace of the Lease (default: $POD_NAMESPACE, else the kubeconfig's, else default)",
     )
     parser.add_argument(
-        "--lease-name", default="mooncake-operator", metavar="NAME", help="(mooncake-operator)"
+        "--lease-name",
+        default="mooncake-operator",
+        metavar="NAME",
+        help="name of the Lease (default: mooncake-operator)",
     )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("--quiet", action="store_true", help="log warnings and errors only")

@@ -111,7 +111,13 @@ def register(subparsers: Any) -> None:
         default=EngineMode.PATCHED.value,
         help="patched (default): the pre-fix coordinator after our patcher; buggy: the pre-fix coordinator",
     )
-    parser.add_argument("--replicas", type=_replica_count, default=2, metavar="N", help="replicas (2)")
+    parser.add_argument(
+        "--replicas",
+        type=_replica_count,
+        default=2,
+        metavar="N",
+        help=f"replicas, 2 to {MAX_REPLICAS} (default: 2)",
+    )
     parser.add_argument(
         "--no-speculative", action="store_true", help="drop the deployment's Eagle-3 speculative config"
     )
