@@ -7,18 +7,19 @@ import asyncio
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from mooncake_operator import safe_yaml
-from mooncake_operator.api import describe_validation_error
+from mooncake_operator.api import MooncakeServing, describe_validation_error
 from mooncake_operator.canary import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_CHAT_BODY_BYTES,
     DEFAULT_MAX_METRICS_BODY_BYTES,
     CanaryConfig,
+    CanaryResult,
     ExitCode,
     Expectation,
     customer_request,
@@ -26,7 +27,16 @@ from mooncake_operator.canary import (
     render_table,
     run_canary,
 )
+from mooncake_operator.commands.canary_resource import (
+    ResourceError,
+    effective_result,
+    fetch_serving,
+    parse_ref,
+    resource_canary,
+)
 from mooncake_operator.commands.verdict_parser import VerdictCommandParser
+from mooncake_operator.crd import SERVING_KIND
+from mooncake_operator.kube import KubeClient, KubeConfig, KubeConfigError
 
 DESCRIPTION = """\
 For each ordered pair of replicas (writer, reader) the canary picks a fresh cache_salt, reads the
@@ -40,17 +50,27 @@ rose (by the expected hit, with --block-size). No rise means the warm path never
 
 Default request: the customer's deployment-record chat (temperature 0). Default expectations: one
 JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before it.
+
+--resource [NAMESPACE/]NAME reads the MooncakeServing from the API (needs `get` on
+mooncakeservings.serving.mooncake-operator.dev) and proves its serving replica set
+(status.rollout.servingSet, else NAME-replica) through its headless Service, with the operator's own
+config: request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the
+verdict is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to
+prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs) are
+refused with it; the timeouts, caps, --retries and --json apply.
 """
 
 EPILOG = """\
 exit status: 0 passed, 1 failed, 2 inconclusive, 3 usage or environment error (nothing was judged:
-bad arguments or input files, a replica that cannot be reached), 70 internal error (a defect of
-mooncake-operator; the traceback follows).
+bad arguments or input files, a replica that cannot be reached; with --resource also a resource that
+is missing, invalid or not readable (401/403/404), or an API server that cannot be reached), 70
+internal error (a defect of mooncake-operator; the traceback follows).
 
 limits: each chat body is read up to --max-chat-bytes (4 MiB), each metrics page up to
 --max-metrics-bytes (16 MiB), decoded size; a larger body is Inconclusive, never read further.
 
 examples:
+  mooncake-operator canary --resource default/minimax-m25 --json     # as `helm test` runs it
   mooncake-operator canary --replica http://10.0.0.21:8000 --replica http://10.0.0.22:8000 \\
       --block-size 16 --eagle
   mooncake-operator canary --replica http://a:8000 --replica http://b:8000 --model my-model \\
@@ -70,6 +90,8 @@ expectations file (YAML or JSON), a list of checks:
 """
 
 _EXPECTATIONS = TypeAdapter(list[Expectation])
+DEFAULT_REQUEST_TIMEOUT_S = 120.0
+_T = TypeVar("_T")
 
 
 class UsageError(Exception):
@@ -86,12 +108,27 @@ def register(subparsers: Any) -> None:
     )
     # argparse has no per-subcommand parser class; this one only changes how usage errors exit.
     parser.__class__ = VerdictCommandParser
-    parser.add_argument(
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument(
         "--replica",
         action="append",
-        required=True,
         metavar="URL",
         help="a replica's base URL, e.g. http://10.0.0.21:8000 (twice or more; order sets the ring)",
+    )
+    target.add_argument(
+        "--resource",
+        metavar="[NAMESPACE/]NAME",
+        help="prove a MooncakeServing's serving replicas as the operator does: the resource says what "
+        "to prove (read from the API; default namespace: the kubeconfig's, else default)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help="with --resource (default: in-cluster, else $KUBECONFIG)",
+    )
+    parser.add_argument(
+        "--context", metavar="NAME", help="with --resource: kubeconfig context (default: its current one)"
     )
     parser.add_argument(
         "--request",
@@ -108,11 +145,13 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--pairs",
         choices=("ring", "first"),
-        default="ring",
         help="ring: every replica writes for the next (default); first: replica 1 -> replica 2 only",
     )
     parser.add_argument(
-        "--timeout", type=float, default=120.0, metavar="S", help="deadline per chat request (default 120)"
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="deadline per chat request (default 120; with --resource: its spec.canary.timeoutSeconds)",
     )
     parser.add_argument(
         "--metrics-timeout",
@@ -131,16 +170,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--max-chat-bytes",
         type=int,
-        default=DEFAULT_MAX_CHAT_BODY_BYTES,
         metavar="N",
-        help=f"cap on one chat answer's body, decoded (default {DEFAULT_MAX_CHAT_BODY_BYTES})",
+        help=f"cap on one chat answer's body, decoded (default {DEFAULT_MAX_CHAT_BODY_BYTES}; with "
+        "--resource: its spec.canary.maxChatBodyBytes when set)",
     )
     parser.add_argument(
         "--max-metrics-bytes",
         type=int,
-        default=DEFAULT_MAX_METRICS_BODY_BYTES,
         metavar="N",
-        help=f"cap on one metrics page, decoded (default {DEFAULT_MAX_METRICS_BODY_BYTES})",
+        help=f"cap on one metrics page, decoded (default {DEFAULT_MAX_METRICS_BODY_BYTES}; with "
+        "--resource: its spec.canary.maxMetricsBodyBytes when set)",
     )
     parser.add_argument(
         "--retries",
@@ -166,10 +205,9 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        config = build_config(args)
-        result = asyncio.run(run_canary(config))
+        result = asyncio.run(_prove(args))
         output = render_json(result) + "\n" if args.json else render_table(result)
-    except UsageError as error:
+    except (UsageError, ResourceError) as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
         return ExitCode.USAGE_OR_ENVIRONMENT
     except Exception:
@@ -184,8 +222,79 @@ def _run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+async def _prove(args: argparse.Namespace) -> CanaryResult:
+    if args.resource is None:
+        return await run_canary(build_config(args))
+    planned = resource_canary(await _fetch(args))
+    for note in planned.notes:
+        print(f"mooncake-operator canary: note: {note}", file=sys.stderr)
+    result = await run_canary(with_how_flags(planned.config, args))
+    # The operator's reading of the run (requireExternalHit), so exit 0 means what its status would.
+    return effective_result(result, require_external_hit=planned.require_external_hit)
+
+
+async def _fetch(args: argparse.Namespace) -> MooncakeServing:
+    refuse_what_flags(args)
+    try:
+        if args.kubeconfig is not None or args.context is not None:
+            kube_config = KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
+        else:
+            kube_config = KubeConfig.load_default()
+        ref = parse_ref(args.resource, kube_config.namespace)
+        async with KubeClient(kube_config, kinds=[SERVING_KIND]) as kube:
+            return await fetch_serving(kube, ref)
+    except KubeConfigError as error:
+        raise UsageError(str(error)) from None
+    except OSError as error:  # a CA, certificate or token file that cannot be read
+        raise UsageError(f"API credentials: {error}") from None
+
+
+# Flags that say WHAT to prove: with --resource its spec says it (one source of truth, the operator's).
+WHAT_FLAGS = (
+    ("request", "--request"),
+    ("expect", "--expect"),
+    ("no_expect", "--no-expect"),
+    ("model", "--model"),
+    ("block_size", "--block-size"),
+    ("eagle", "--eagle"),
+    ("expected_hit", "--expected-hit"),
+    ("pairs", "--pairs"),
+)
+
+
+def refuse_what_flags(args: argparse.Namespace) -> None:
+    given = [flag for attribute, flag in WHAT_FLAGS if getattr(args, attribute) not in (None, False)]
+    if given:
+        raise UsageError(
+            f"{', '.join(given)} cannot be given with --resource: the resource says what to prove "
+            "(spec.model, spec.engine, spec.speculative, spec.canary)"
+        )
+
+
+def with_how_flags(config: CanaryConfig, args: argparse.Namespace) -> CanaryConfig:
+    """The resource's config with the flags that say HOW patiently (timeouts, caps, retries)."""
+    options: dict[str, Any] = {
+        **dict(config),
+        "metrics_timeout_s": args.metrics_timeout,
+        "connect_timeout_s": args.connect_timeout,
+        "connect_retries": args.retries,
+    }
+    given = {
+        "request_timeout_s": args.timeout,
+        "max_chat_body_bytes": args.max_chat_bytes,
+        "max_metrics_body_bytes": args.max_metrics_bytes,
+    }
+    options.update({key: value for key, value in given.items() if value is not None})
+    try:
+        return CanaryConfig(**options)
+    except ValidationError as error:
+        raise UsageError("; ".join(describe_validation_error(error))) from None
+
+
 def build_config(args: argparse.Namespace) -> CanaryConfig:
     """The CanaryConfig the arguments describe; UsageError with every problem otherwise."""
+    if args.kubeconfig is not None or args.context is not None:
+        raise UsageError("--kubeconfig and --context only apply with --resource")
     if len(args.replica) < 2:
         raise UsageError("give at least two --replica URLs: one writes the prefix, another reads it")
     request = _load_request(args.request) if args.request else customer_request()
@@ -194,12 +303,12 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     options: dict[str, Any] = {
         "replicas": args.replica,
         "request": request,
-        "pairs": args.pairs,
-        "request_timeout_s": args.timeout,
+        "pairs": args.pairs or "ring",
+        "request_timeout_s": _or_default(args.timeout, DEFAULT_REQUEST_TIMEOUT_S),
         "metrics_timeout_s": args.metrics_timeout,
         "connect_timeout_s": args.connect_timeout,
-        "max_chat_body_bytes": args.max_chat_bytes,
-        "max_metrics_body_bytes": args.max_metrics_bytes,
+        "max_chat_body_bytes": _or_default(args.max_chat_bytes, DEFAULT_MAX_CHAT_BODY_BYTES),
+        "max_metrics_body_bytes": _or_default(args.max_metrics_bytes, DEFAULT_MAX_METRICS_BODY_BYTES),
         "connect_retries": args.retries,
         "expected_external_hit_tokens": args.expected_hit,
         "block_size": args.block_size,
@@ -213,6 +322,10 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
         return CanaryConfig(**options)
     except ValidationError as error:
         raise UsageError("; ".join(describe_validation_error(error))) from None
+
+
+def _or_default(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
 
 
 def _load_request(path: Path) -> dict[str, Any]:
