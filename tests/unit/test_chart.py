@@ -33,10 +33,9 @@ from tests.support.chart import (
     values_file,
 )
 
-from mooncake_operator import render as children
-from mooncake_operator.api import parse_resource
 from mooncake_operator.cli import build_parser
-from mooncake_operator.commands.canary import build_config
+from mooncake_operator.commands.canary import UsageError, refuse_what_flags, with_how_flags
+from mooncake_operator.commands.canary_resource import resource_canary
 from mooncake_operator.examples import customer_deployment
 
 pytestmark = pytest.mark.unit
@@ -103,13 +102,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     "test": {
         "servingName": "minimax-m25",
         "servingNamespace": "serving-a",
-        "replicas": 3,
-        "port": 8080,
-        "model": "MiniMaxAI/MiniMax-M2.5",
-        "blockSize": 16,
-        "eagle": True,
-        "requestTimeoutSeconds": 600,
-        "extraArgs": ["--pairs", "first"],
+        "extraArgs": ["--timeout=600", "--retries", "5"],
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
     },
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {
@@ -301,7 +295,9 @@ def test_non_default_values_reach_the_deployment(rendered: dict[str, list[Manife
     assert container["imagePullPolicy"] == "Always"
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["serviceAccountName"] == "mco-operator"
-    assert only(manifests, "ServiceAccount")["metadata"]["name"] == "mco-operator"
+    accounts = {m["metadata"]["name"]: m for m in by_kind(manifests, "ServiceAccount")}
+    assert sorted(accounts) == ["mco-canary", "mco-operator"]  # the operator's, helm test's
+    assert accounts["mco-operator"]["metadata"]["annotations"] == {"team": "inference"}
     assert container["args"][-1] == "--resync-seconds=60"
     assert {"name": "TZ", "value": "UTC"} in container["env"]
     assert "--metrics-port=9191" in container["args"]
@@ -377,9 +373,10 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("port as text", {"operator": {"livenessPort": "8080"}}, "operator.livenessPort"),
     ("namespace not a DNS label", {"watchNamespaces": ["Serving_A"]}, "watchNamespaces"),
     ("namespace twice", {"watchNamespaces": ["a", "a"]}, "watchNamespaces"),
-    ("canary needs two replicas", {"test": {"servingName": "x", "replicas": 1}}, "test.replicas"),
     ("serving name not a DNS label", {"test": {"servingName": "My.Serving"}}, "test.servingName"),
-    ("block size zero", {"test": {"servingName": "x", "blockSize": 0}}, "test.blockSize"),
+    # The resource says these now; a release that still sets them is told, not silently ignored.
+    ("removed test.blockSize", {"test": {"servingName": "x", "blockSize": 16}}, "blockSize is not allowed"),
+    ("removed test.replicas", {"test": {"servingName": "x", "replicas": 2}}, "replicas is not allowed"),
     ("bad quantity", {"resources": {"requests": {"memory": "lots"}}}, "resources.requests.memory"),
     ("bad scrape interval", {"metrics": {"serviceMonitor": {"interval": "often"}}}, "interval"),
     ("empty extra argument", {"operator": {"extraArgs": [""]}}, "operator.extraArgs"),
@@ -387,11 +384,6 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("fractional canaries", {"operator": {"maxConcurrentCanaries": 1.5}}, "operator.maxConcurrentCanaries"),
     ("leader check never", {"operator": {"leaderCheckSeconds": 0}}, "operator.leaderCheckSeconds"),
     # Checks the templates make (a schema cannot see the cluster or relate two values this way).
-    (
-        "eagle without block size",
-        {"test": {"servingName": "x", "eagle": True}},
-        "test.eagle only changes the expected external hit, which needs test.blockSize",
-    ),
     (
         "service monitor without the monitoring API",
         {"metrics": {"serviceMonitor": {"enabled": True}}},
@@ -445,40 +437,26 @@ def canary_pod(manifests: list[Manifest]) -> Manifest:
     return pods[0]
 
 
-def replica_args(pod: Manifest) -> list[str]:
-    return [
-        a.removeprefix("--replica=")
-        for a in pod["spec"]["containers"][0]["args"]
-        if a.startswith("--replica=")
-    ]
-
-
-def serving_variant(name: str, namespace: str, replicas: int, port: int) -> Any:
-    obj = customer_deployment().to_wire()
-    obj["metadata"] = {"name": name, "namespace": namespace}
-    obj["spec"]["replicas"] = replicas
-    obj["spec"]["engine"]["port"] = port
-    return parse_resource(obj)
+def canary_args(pod: Manifest) -> list[str]:
+    args: list[str] = pod["spec"]["containers"][0]["args"]
+    return args
 
 
 @pytest.mark.parametrize(
-    ("name", "namespace", "replicas", "port"),
-    [("minimax-m25", "default", 2, 8000), ("chat", "serving-b", 4, 8080)],
+    ("values", "resource"),
+    [
+        ({"servingName": "minimax-m25", "servingNamespace": "default"}, "default/minimax-m25"),
+        ({"servingName": "chat"}, f"{RELEASE_NAMESPACE}/chat"),  # the release's namespace
+    ],
 )
-def test_helm_test_addresses_the_replicas_the_operator_renders(
-    name: str, namespace: str, replicas: int, port: int, tmp_path: Path
+def test_helm_test_names_the_resource_and_nothing_it_says(
+    values: dict[str, Any], resource: str, tmp_path: Path
 ) -> None:
-    values = {
-        "test": {"servingName": name, "servingNamespace": namespace, "replicas": replicas, "port": port}
-    }
-    pod = canary_pod(render(values, tmp_path))
-    assert replica_args(pod) == children.replica_urls(serving_variant(name, namespace, replicas, port))
-
-
-def test_helm_test_defaults_to_the_release_namespace(tmp_path: Path) -> None:
-    pod = canary_pod(render({"test": {"servingName": "chat"}}, tmp_path))
-    assert replica_args(pod) == [
-        f"http://chat-replica-{i}.chat-replicas.{RELEASE_NAMESPACE}.svc:8000" for i in range(2)
+    """The resource is the one source of truth: no replica URL, block size, model or port in the Pod."""
+    assert canary_args(canary_pod(render({"test": values}, tmp_path))) == [
+        "canary",
+        "--json",
+        f"--resource={resource}",
     ]
 
 
@@ -489,34 +467,39 @@ def test_helm_test_pod_is_a_test_hook_that_runs_the_canary_cli(rendered: dict[st
     assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation"
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never"
-    assert spec["automountServiceAccountToken"] is False, "the canary needs no API access"
+    # It reads the resource: its own account's token, mounted in this Pod only (test_chart_rbac.py).
+    assert spec["serviceAccountName"] == "mco-canary"
+    assert spec["automountServiceAccountToken"] is True
     container = spec["containers"][0]
     assert container["image"] == operator_container(rendered["non-default"])["image"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["resources"] == NON_DEFAULT_VALUES["test"]["resources"]
     assert pod["metadata"]["name"] == "mco-canary-minimax-m25"
+    operator_spec = only(rendered["non-default"], "Deployment")["spec"]["template"]["spec"]
+    assert operator_spec["serviceAccountName"] != spec["serviceAccountName"]
 
 
 def test_helm_test_arguments_are_a_valid_canary_run(rendered: dict[str, list[Manifest]]) -> None:
-    """The real canary parser accepts the Pod's arguments and builds the run they describe."""
-    args = canary_pod(rendered["non-default"])["spec"]["containers"][0]["args"]
-    parsed: argparse.Namespace = build_parser().parse_args(args)
-    config = build_config(parsed)
-    assert parsed.json is True
-    assert [str(url).rstrip("/") for url in config.replicas] == [
-        f"http://minimax-m25-replica-{i}.minimax-m25-replicas.serving-a.svc:8080" for i in range(3)
-    ]
-    assert config.block_size == 16
-    assert config.eagle is True
-    assert config.request["model"] == "MiniMaxAI/MiniMax-M2.5"
-    assert config.request_timeout_s == 600
-    assert config.pairs == "first"
+    """The real canary parser accepts the Pod's arguments: the resource, and how patiently to prove it
+    (extraArgs), applied over the operator's own config for that resource."""
+    parsed: argparse.Namespace = build_parser().parse_args(canary_args(canary_pod(rendered["non-default"])))
+    assert (parsed.json, parsed.resource) == (True, "serving-a/minimax-m25")
+    refuse_what_flags(parsed)
+    resource = customer_deployment()
+    planned = resource_canary(resource)
+    config = with_how_flags(planned.config, parsed)
+    assert (config.request_timeout_s, config.connect_retries) == (600, 5)
+    assert config.replicas == planned.config.replicas
+    assert config.block_size == resource.spec.engine.block_size
 
 
-def test_helm_test_without_block_size_accepts_any_external_hit(tmp_path: Path) -> None:
-    args = canary_pod(render({"test": {"servingName": "chat"}}, tmp_path))["spec"]["containers"][0]["args"]
-    config = build_config(build_parser().parse_args(args))
-    assert config.block_size is None
-    assert config.expected_external_hit_tokens is None
+def test_extra_args_that_say_what_to_prove_fail_the_run(tmp_path: Path) -> None:
+    values = {"test": {"servingName": "chat", "extraArgs": ["--block-size=16"]}}
+    parsed = build_parser().parse_args(canary_args(canary_pod(render(values, tmp_path))))
+    with pytest.raises(UsageError, match="--block-size cannot be given with --resource"):
+        refuse_what_flags(parsed)
 
 
 # --- CRDs --------------------------------------------------------------------------------------------

@@ -141,7 +141,11 @@ def test_rbac_create_false_renders_no_rbac(tmp_path: Path) -> None:
     assert not [m for m in manifests if m["apiVersion"].startswith("rbac.authorization.k8s.io/")]
 
 
-@pytest.mark.parametrize("values", [{}, {"watchNamespaces": ["serving-a"]}], ids=["cluster", "namespaced"])
+@pytest.mark.parametrize(
+    "values",
+    [{}, {"watchNamespaces": ["serving-a"]}, {"test": {"servingName": "chat"}}],
+    ids=["cluster", "namespaced", "helm-test"],
+)
 def test_nothing_broader_than_needed(values: dict[str, Any], tmp_path: Path) -> None:
     manifests = render(values, tmp_path)
     granted = set().union(
@@ -169,3 +173,51 @@ def test_the_doc_parser_reads_what_the_doc_says() -> None:
     assert ("", "events", "create") in tables["Application"]
     assert ("apiextensions.k8s.io", "customresourcedefinitions", "watch") in tables["Framework"]
     assert [p for p in tables["Application"] if p[2] == "delete"] == [("apps", "statefulsets", "delete")]
+
+
+# --- the helm test Pod: its own account, reading the one resource it proves ---------------------------
+
+TEST_ACCOUNT = f"{FULLNAME}-canary"
+
+
+@pytest.mark.parametrize(
+    ("values", "serving_namespace"),
+    [
+        ({"servingName": "chat", "servingNamespace": "serving-a"}, "serving-a"),
+        ({"servingName": "chat"}, RELEASE_NAMESPACE),
+    ],
+)
+def test_helm_test_may_get_the_resource_it_proves_and_nothing_else(
+    values: dict[str, Any], serving_namespace: str, tmp_path: Path
+) -> None:
+    manifests = render({"test": values}, tmp_path)
+    account = named(manifests, "ServiceAccount", TEST_ACCOUNT, RELEASE_NAMESPACE)
+    assert account["automountServiceAccountToken"] is False, "only the test Pod mounts its token"
+    role = named(manifests, "Role", TEST_ACCOUNT, serving_namespace)
+    assert permissions(role) == {("serving.mooncake-operator.dev", "mooncakeservings", "get")}
+    assert [rule["resourceNames"] for rule in role["rules"]] == [["chat"]]
+    binding = named(manifests, "RoleBinding", TEST_ACCOUNT, serving_namespace)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": TEST_ACCOUNT,
+    }
+    assert bound_subjects(binding) == [
+        {"kind": "ServiceAccount", "name": TEST_ACCOUNT, "namespace": RELEASE_NAMESPACE}
+    ]
+    pods = by_kind(manifests, "Pod")
+    assert [pod["spec"]["serviceAccountName"] for pod in pods] == [TEST_ACCOUNT]
+    # Every other pod keeps the operator's account; none but the test Pod runs as the test's.
+    operator_pod = by_kind(manifests, "Deployment")[0]["spec"]["template"]["spec"]
+    assert operator_pod["serviceAccountName"] == FULLNAME
+
+
+def test_helm_test_with_rbac_create_false_renders_its_account_only(tmp_path: Path) -> None:
+    manifests = render({"rbac": {"create": False}, "test": {"servingName": "chat"}}, tmp_path)
+    assert not [m for m in manifests if m["apiVersion"].startswith("rbac.authorization.k8s.io/")]
+    named(manifests, "ServiceAccount", TEST_ACCOUNT, RELEASE_NAMESPACE)
+
+
+def test_no_helm_test_account_without_a_serving_name(tmp_path: Path) -> None:
+    manifests = render({}, tmp_path)
+    assert [m["metadata"]["name"] for m in by_kind(manifests, "ServiceAccount")] == [FULLNAME]

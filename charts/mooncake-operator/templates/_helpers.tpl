@@ -51,3 +51,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "mooncake-operator.testNamespace" -}}
 {{- default .Release.Namespace .Values.test.servingNamespace }}
 {{- end }}
+
+{{/* ServiceAccount (and Role, RoleBinding) of the `helm test` Pod. */}}
+{{- define "mooncake-operator.testServiceAccountName" -}}
+{{- printf "%s-canary" (include "mooncake-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
