@@ -105,19 +105,15 @@ def helm(args: Sequence[str]) -> str:
 
 def helm_values(operator_image: str) -> list[str]:
     repository, _, tag = operator_image.rpartition(":")
-    spec = example_resource("-")["spec"]
     return [
         f"--set=image.repository={repository}",
         f"--set=image.tag={tag}",
         # Imported into containerd by scripts/cluster: never pulled.
         "--set=image.pullPolicy=Never",
+        # The test Pod reads the resource (canary --resource): model, block size, Eagle and the
+        # example's content checks (off: random tiny weights) come from its spec.
         f"--set=test.servingName={example_resource('-')['metadata']['name']}",
         "--set=test.servingNamespace=default",
-        f"--set=test.model={spec['model']['name']}",
-        f"--set=test.blockSize={spec['engine']['blockSize']}",
-        "--set=test.eagle=true",
-        # As the example's canary: random tiny weights, so content checks off (answers must still match).
-        "--set=test.extraArgs={--no-expect}",
     ]
 
 

@@ -106,3 +106,9 @@ def test_helm_values_never_pull_and_prove_the_example() -> None:
     assert "--set=image.tag=0123" in values
     assert "--set=image.pullPolicy=Never" in values
     assert "--set=test.servingName=minimax-m25" in values
+    assert "--set=test.servingNamespace=default" in values
+    # The canary's settings are the resource's (canary --resource): the chart no longer has them.
+    assert [v for v in values if v.startswith("--set=test.")] == [
+        "--set=test.servingName=minimax-m25",
+        "--set=test.servingNamespace=default",
+    ]
