@@ -175,6 +175,7 @@ def test_the_exit_status_follows_the_operators_effective_verdict() -> None:
     "flags",
     [
         ["--block-size", "16"],
+        ["--block-size", "0"],
         ["--eagle"],
         ["--model", "m"],
         ["--request", "chat.json"],

@@ -263,7 +263,7 @@ WHAT_FLAGS = (
 
 
 def refuse_what_flags(args: argparse.Namespace) -> None:
-    given = [flag for attribute, flag in WHAT_FLAGS if getattr(args, attribute) not in (None, False)]
+    given = [flag for attribute, flag in WHAT_FLAGS if _given(getattr(args, attribute))]
     if given:
         raise UsageError(
             f"{', '.join(given)} cannot be given with --resource: the resource says what to prove "
@@ -271,8 +271,15 @@ def refuse_what_flags(args: argparse.Namespace) -> None:
         )
 
 
+def _given(value: object) -> bool:
+    # Their defaults are None and False; by identity, so that --block-size 0 counts too (0 == False).
+    return value is not None and value is not False
+
+
 def with_how_flags(config: CanaryConfig, args: argparse.Namespace) -> CanaryConfig:
     """The resource's config with the flags that say HOW patiently (timeouts, caps, retries)."""
+    # The spec has no metrics or connect timeout, nor retries: the CLI's defaults are CanaryConfig's,
+    # which the operator runs with.
     options: dict[str, Any] = {
         **dict(config),
         "metrics_timeout_s": args.metrics_timeout,
