@@ -6,6 +6,8 @@ The operator running under the chart's ServiceAccount is in test_chart_operator_
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -66,9 +68,24 @@ def value_sets(namespace: str, other: str) -> dict[str, dict[str, Any]]:
             "priorityClassName": "system-cluster-critical",
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
-            "test": {"servingName": "minimax-m25", "servingNamespace": other, "blockSize": 16, "eagle": True},
+            "test": {"servingName": "minimax-m25", "servingNamespace": other, "extraArgs": ["--timeout=600"]},
         },
     }
+
+
+TOKEN_SECRET_WAIT_S = 30.0
+
+
+async def wait_for_token_secret(kube: KubeClient, namespace: str, name: str) -> None:
+    """The controller-manager adds a token Secret to a new ServiceAccount; Pods using it wait for it."""
+    deadline = time.monotonic() + TOKEN_SECRET_WAIT_S
+    while time.monotonic() < deadline:
+        if (await kube.get("v1", "ServiceAccount", name, namespace)).get("secrets"):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(
+        f"{namespace}/{name}: no token Secret after {TOKEN_SECRET_WAIT_S}s (controller-manager down?)"
+    )
 
 
 @pytest.mark.parametrize("value_set", ["defaults", "namespaced", "everything"])
@@ -76,7 +93,7 @@ async def test_every_rendered_object_passes_a_server_side_dry_run(
     kube: KubeClient, namespace: str, second_namespace: str, value_set: str, tmp_path: Path
 ) -> None:
     """The API server itself (1.20: the oldest Kubernetes the chart declares) validates every object,
-    the test Pod included; nothing is stored."""
+    the test Pod included; nothing is stored but the test Pod's ServiceAccount (below)."""
     await kube.apply(crd_manifest(), field_manager=MANAGER, dry_run=True)
     values = value_sets(namespace, second_namespace)[value_set]
     manifests = render(values, tmp_path, namespace=namespace, include_crds=False)
@@ -84,6 +101,13 @@ async def test_every_rendered_object_passes_a_server_side_dry_run(
     assert not by_kind(manifests, "ServiceMonitor")
     if value_set == "everything":
         assert [m for m in manifests if is_helm_test_hook(m)], "the test Pod must be dry-run too"
+        # Admission looks up the test Pod's own ServiceAccount and (1.20) its token Secret, which a dry
+        # run never stores: that one account is created for real (deleted with the namespace).
+        account = next(
+            m for m in by_kind(manifests, "ServiceAccount") if m["metadata"]["name"].endswith("-canary")
+        )
+        await kube.apply(account, field_manager=MANAGER)
+        await wait_for_token_secret(kube, namespace, account["metadata"]["name"])
     for manifest in manifests:
         answer = await kube.apply(manifest, field_manager=MANAGER, dry_run=True)
         assert answer["kind"] == manifest["kind"]
