@@ -941,7 +941,13 @@ class CanarySpec(ApiModel):
     )
     timeout_seconds: int = Field(default=300, ge=1, description="Timeout of one canary request.")
     interval_seconds: int | None = Field(
-        default=None, ge=1, description="Re-run the canary this often; unset: only on rollouts and restarts."
+        default=None,
+        ge=1,
+        description=(
+            "Re-run the canary this often; unset: only when something changes (a rollout, a replaced "
+            "replica pod, a master restart or failover, the rerun annotation) and to retry an "
+            "Inconclusive run."
+        ),
     )
     on_failure: Literal["Hold", "Rollback"] = Field(
         default="Hold",
