@@ -7,7 +7,7 @@ import asyncio
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -90,8 +90,6 @@ expectations file (YAML or JSON), a list of checks:
 """
 
 _EXPECTATIONS = TypeAdapter(list[Expectation])
-DEFAULT_REQUEST_TIMEOUT_S = 120.0
-_T = TypeVar("_T")
 
 
 class UsageError(Exception):
@@ -225,6 +223,7 @@ def _run(args: argparse.Namespace) -> int:
 async def _prove(args: argparse.Namespace) -> CanaryResult:
     if args.resource is None:
         return await run_canary(build_config(args))
+    refuse_what_flags(args)
     planned = resource_canary(await _fetch(args))
     for note in planned.notes:
         print(f"mooncake-operator canary: note: {note}", file=sys.stderr)
@@ -234,7 +233,6 @@ async def _prove(args: argparse.Namespace) -> CanaryResult:
 
 
 async def _fetch(args: argparse.Namespace) -> MooncakeServing:
-    refuse_what_flags(args)
     try:
         if args.kubeconfig is not None or args.context is not None:
             kube_config = KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
@@ -276,24 +274,25 @@ def _given(value: object) -> bool:
     return value is not None and value is not False
 
 
-def with_how_flags(config: CanaryConfig, args: argparse.Namespace) -> CanaryConfig:
-    """The resource's config with the flags that say HOW patiently (timeouts, caps, retries)."""
-    # The spec has no metrics or connect timeout, nor retries: the CLI's defaults are CanaryConfig's,
-    # which the operator runs with.
-    options: dict[str, Any] = {
-        **dict(config),
-        "metrics_timeout_s": args.metrics_timeout,
-        "connect_timeout_s": args.connect_timeout,
-        "connect_retries": args.retries,
-    }
+def how_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags that say HOW patiently (timeouts, caps, retries) that were given; the others keep
+    CanaryConfig's defaults, which the operator runs with (the spec has no metrics or connect timeout,
+    nor retries)."""
     given = {
         "request_timeout_s": args.timeout,
+        "metrics_timeout_s": args.metrics_timeout,
+        "connect_timeout_s": args.connect_timeout,
         "max_chat_body_bytes": args.max_chat_bytes,
         "max_metrics_body_bytes": args.max_metrics_bytes,
+        "connect_retries": args.retries,
     }
-    options.update({key: value for key, value in given.items() if value is not None})
+    return {key: value for key, value in given.items() if value is not None}
+
+
+def with_how_flags(config: CanaryConfig, args: argparse.Namespace) -> CanaryConfig:
+    """The resource's config with the HOW flags given."""
     try:
-        return CanaryConfig(**options)
+        return CanaryConfig(**{**dict(config), **how_options(args)})
     except ValidationError as error:
         raise UsageError("; ".join(describe_validation_error(error))) from None
 
@@ -310,17 +309,13 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     options: dict[str, Any] = {
         "replicas": args.replica,
         "request": request,
-        "pairs": args.pairs or "ring",
-        "request_timeout_s": _or_default(args.timeout, DEFAULT_REQUEST_TIMEOUT_S),
-        "metrics_timeout_s": args.metrics_timeout,
-        "connect_timeout_s": args.connect_timeout,
-        "max_chat_body_bytes": _or_default(args.max_chat_bytes, DEFAULT_MAX_CHAT_BODY_BYTES),
-        "max_metrics_body_bytes": _or_default(args.max_metrics_bytes, DEFAULT_MAX_METRICS_BODY_BYTES),
-        "connect_retries": args.retries,
         "expected_external_hit_tokens": args.expected_hit,
         "block_size": args.block_size,
         "eagle": args.eagle,
+        **how_options(args),
     }
+    if args.pairs is not None:
+        options["pairs"] = args.pairs
     if args.no_expect:
         options["expectations"] = []
     elif args.expect:
@@ -329,10 +324,6 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
         return CanaryConfig(**options)
     except ValidationError as error:
         raise UsageError("; ".join(describe_validation_error(error))) from None
-
-
-def _or_default(value: _T | None, default: _T) -> _T:
-    return default if value is None else value
 
 
 def _load_request(path: Path) -> dict[str, Any]:
