@@ -13,7 +13,10 @@ prints the verdict with its evidence and stops everything, also on Ctrl-C, SIGTE
 With `--master-ha` it runs a real etcd and three masters electing a leader instead of one master, and
 after the first canary kills the leader while the store holds a prefix, waits for the new leader, proves
 that prefix still loads (warm == cold; without the oplog it is lost, and the run says so) and runs the
-canary again. The failover time (leader killed -> a warm load succeeds again) is reported.
+canary again. The failover time (leader killed -> a warm load succeeds again) is reported. An election
+the sandbox did not cause (a pause of the machine can cost the leader its etcd lease) voids the step it
+happened in when that step did not pass: it is reported under "unplanned_leader_changes" and the step
+runs again, at most twice.
 
 With `--scenario revision-change` it proves instead that a new model revision is never served the old
 revision's KV blocks: both replicas start at revision 1 and share the prefix of a request WITHOUT a
@@ -57,7 +60,8 @@ from mooncake_operator.sandbox import (
     start_sandbox,
 )
 from mooncake_operator.sandbox.engine_env import ensure_engine_wheels
-from mooncake_operator.sandbox.failover import FailoverReport, prove_failover
+from mooncake_operator.sandbox.failover import FailoverReport, prove_failover, wait_for_a_warm_load
+from mooncake_operator.sandbox.ha import LeaderChange, redo_after_unplanned_leader_changes
 from mooncake_operator.sandbox.revision_change import RevisionChangeReport, prove_revision_change
 from mooncake_operator.sandbox.runtime import MAX_REPLICAS
 
@@ -290,14 +294,21 @@ async def _in_sandbox(sandbox: Sandbox, outcome: dict[str, Any], scenario: str, 
         _stderr_line(f"  {line}")
     if scenario == REVISION_CHANGE:
         return await _revision_change(sandbox, outcome, started)
-    result = await sandbox.guard(_canary(sandbox))
-    outcome["rss_bytes"] = sandbox.rss_bytes()
-    outcome["verdict"] = result.verdict.value
-    outcome["canary"] = json.loads(render_json(result))
-    outcome["canary_table"] = render_table(result)
-    verdict = result.verdict
-    if sandbox.ha is not None:
-        verdict = await _failover(sandbox, result, outcome)
+    leader_changes: list[LeaderChange] = []
+    try:
+        result = await sandbox.guard(_canary_step(sandbox, "the canary", leader_changes))
+        outcome["rss_bytes"] = sandbox.rss_bytes()
+        outcome["verdict"] = result.verdict.value
+        outcome["canary"] = json.loads(render_json(result))
+        outcome["canary_table"] = render_table(result)
+        verdict = result.verdict
+        if sandbox.ha is not None:
+            verdict = await _failover(sandbox, result, outcome, leader_changes)
+    finally:
+        if sandbox.ha is not None:
+            # Elections the sandbox did not cause (a pause of the machine longer than the leader's lease):
+            # each voided the step it happened in, which ran again. Reported, never hidden.
+            outcome["unplanned_leader_changes"] = [change.as_json() for change in leader_changes]
     outcome["verdict"] = verdict.value
     if verdict is not Verdict.PASSED:
         sandbox.keep_run_dir = True  # the engines' logs are the evidence
@@ -323,20 +334,52 @@ async def _revision_change(sandbox: Sandbox, outcome: dict[str, Any], started: f
     return VERDICT_EXIT[report.verdict]
 
 
-async def _failover(sandbox: Sandbox, before: CanaryResult, outcome: dict[str, Any]) -> Verdict:
+async def _failover(
+    sandbox: Sandbox, before: CanaryResult, outcome: dict[str, Any], leader_changes: list[LeaderChange]
+) -> Verdict:
     """After a passing canary: kill the leader, prove the pre-failover prefix, run the canary again."""
     if before.verdict is not Verdict.PASSED:
         outcome["failover"] = {"skipped": "the canary before the failover did not pass"}
         return before.verdict
+    ha = sandbox.ha
+    assert ha is not None
     config = sandbox.canary_config()
     async with httpx.AsyncClient(trust_env=False) as client:
-        report: FailoverReport = await sandbox.guard(prove_failover(sandbox, client, config))
+        # The proof causes an election of its own, so only the UnplannedLeaderChange it raises redoes it.
+        proof = redo_after_unplanned_leader_changes(
+            "the failover proof",
+            lambda: prove_failover(sandbox, client, config),
+            passed=lambda _report: True,
+            read_epoch=lambda: ha.epoch(client),
+            store_serves=lambda: wait_for_a_warm_load(sandbox, client, config, since=time.monotonic()),
+            changes=leader_changes,
+            progress=sandbox.progress,
+        )
+        report: FailoverReport = await sandbox.guard(proof)
     _stderr_line(f"sandbox: failover: {report.summary()}")
     outcome["failover"] = report.as_json()
-    after = await sandbox.guard(_canary(sandbox))
+    after = await sandbox.guard(_canary_step(sandbox, "the canary after the failover", leader_changes))
     outcome["canary_after_failover"] = json.loads(render_json(after))
     outcome["canary_table"] += "after the failover:\n" + render_table(after)
     return max((before.verdict, report.verdict, after.verdict), key=_SEVERITY.__getitem__)
+
+
+async def _canary_step(sandbox: Sandbox, step: str, leader_changes: list[LeaderChange]) -> CanaryResult:
+    """The canary; with HA masters, run again when it did not pass across an unplanned election."""
+    ha = sandbox.ha
+    if ha is None:
+        return await _canary(sandbox)
+    config = sandbox.canary_config()
+    async with httpx.AsyncClient(trust_env=False) as client:
+        return await redo_after_unplanned_leader_changes(
+            step,
+            lambda: _canary(sandbox),
+            passed=lambda result: result.verdict is Verdict.PASSED,
+            read_epoch=lambda: ha.epoch(client),
+            store_serves=lambda: wait_for_a_warm_load(sandbox, client, config, since=time.monotonic()),
+            changes=leader_changes,
+            progress=sandbox.progress,
+        )
 
 
 async def _canary(sandbox: Sandbox) -> CanaryResult:

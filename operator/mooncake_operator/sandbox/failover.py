@@ -12,6 +12,12 @@
    failover, warm answer from after it) is judged by the canary's own rules: with the oplog it must
    pass (warm == cold, external hit as expected); without it the new leader knows nothing of it and the
    pair shows no external hit: the prefix is lost (Inconclusive, stated, never hidden).
+
+Only the planned election may happen in between: the leader and its view are read when the prefix is
+stored and again just before the kill (they must be the same), and when the new leader serves and
+again after the prefix is read back (with the oplog, a prefix that did not load across a second,
+unplanned election is about that election). Either change raises UnplannedLeaderChange, and the caller
+runs the proof again from step 1 (`ha.redo_after_unplanned_leader_changes`), reporting it.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from mooncake_operator.canary import (
 from mooncake_operator.canary.client import CounterScrapeError
 from mooncake_operator.canary.runner import PairMeasurement, measure_pair
 from mooncake_operator.sandbox.errors import SandboxError, SandboxSetupError
+from mooncake_operator.sandbox.ha import LeaderChange, UnplannedLeaderChange
 from mooncake_operator.sandbox.runtime import Sandbox
 
 SAVE_PUT = "save_put"
@@ -100,9 +107,14 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
         raise SandboxSetupError(
             "the failover proof needs highly available masters (SandboxOptions.ha_masters)"
         )
+    if ha.alive_count() < 2:
+        raise SandboxSetupError(
+            f"the failover proof needs a standby master to take over; {ha.alive_count()} master(s) left"
+        )
     writer, reader = config.replicas[0], config.replicas[1]
     timeout = config.request_timeout_s
     salt = f"sandbox-before-failover-{uuid.uuid4().hex}"
+    stored_under = await ha.epoch(client)
     writer_before = await _counters(client, writer, config)
     cold = await chat(client, writer, config.request, cache_salt=salt, timeout=timeout)
     if not cold.ok:
@@ -117,26 +129,20 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
             f"{writer} answered but its store {SAVE_PUT} keys did not rise: nothing to fail over"
         )
 
-    leader = await ha.wait_for_leader(client)
+    at_kill = await ha.epoch(client)
+    if at_kill != stored_under:
+        change = LeaderChange("the failover proof, before the kill", stored_under, at_kill)
+        raise UnplannedLeaderChange(change)
+    leader = at_kill.node
     sandbox.progress.phase(f"the store holds the prefix ({stored} keys); killing the leader {leader.name}")
     killed_at = time.monotonic()
     ha.kill(leader)
-    new_leader = await ha.wait_for_leader(client)
+    new_epoch = await ha.epoch(client)
+    new_leader = new_epoch.node
     new_leader_after = time.monotonic() - killed_at
     sandbox.progress.phase(f"{new_leader.name} leads after {new_leader_after:.1f} s; trying fresh pairs")
 
-    attempts = 0
-    while True:
-        attempts += 1
-        fresh = await _fresh_pair(client, config, attempts)
-        if fresh.verdict is Verdict.PASSED:
-            break
-        sandbox.progress.phase(f"fresh pair {attempts}: {fresh.verdict.value} ({'; '.join(fresh.reasons)})")
-        if fresh.verdict is Verdict.FAILED or time.monotonic() - killed_at > WARM_LOAD_TIMEOUT_S:
-            raise FailoverError(
-                f"no warm load succeeded within {time.monotonic() - killed_at:.0f} s of the failover; "
-                f"last pair {fresh.verdict.value}: {'; '.join(fresh.reasons)}"
-            )
+    attempts = await wait_for_a_warm_load(sandbox, client, config, since=killed_at)
     warm_load_after = time.monotonic() - killed_at
 
     # Read now, not before the failover: the fresh pairs' loads must not count for this prefix.
@@ -155,6 +161,11 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
         metrics_error=None,
         wall_s=time.monotonic() - killed_at,
     )
+    preserved = judge_pair(evidence, config)
+    if preserved.verdict is not Verdict.PASSED and ha.topology.enable_oplog:
+        now = await ha.epoch(client)
+        if now != new_epoch:
+            raise UnplannedLeaderChange(LeaderChange("the failover proof, after the kill", new_epoch, now))
     return FailoverReport(
         killed=leader.name,
         killed_address=leader.address,
@@ -164,8 +175,27 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
         warm_load_after_s=warm_load_after,
         fresh_pair_attempts=attempts,
         enable_oplog=ha.topology.enable_oplog,
-        preserved=judge_pair(evidence, config),
+        preserved=preserved,
     )
+
+
+async def wait_for_a_warm_load(
+    sandbox: Sandbox, client: httpx.AsyncClient, config: CanaryConfig, *, since: float
+) -> int:
+    """Fresh pairs until one passes as a canary pair: the store serves again after an election (the
+    replicas mount their segments at the new leader). Returns the number of pairs tried."""
+    attempts = 0
+    while True:
+        attempts += 1
+        fresh = await _fresh_pair(client, config, attempts)
+        if fresh.verdict is Verdict.PASSED:
+            return attempts
+        sandbox.progress.phase(f"fresh pair {attempts}: {fresh.verdict.value} ({'; '.join(fresh.reasons)})")
+        if fresh.verdict is Verdict.FAILED or time.monotonic() - since > WARM_LOAD_TIMEOUT_S:
+            raise FailoverError(
+                f"no warm load succeeded within {time.monotonic() - since:.0f} s of the election; "
+                f"last pair {fresh.verdict.value}: {'; '.join(fresh.reasons)}"
+            )
 
 
 async def _fresh_pair(client: httpx.AsyncClient, config: CanaryConfig, attempt: int) -> PairResult:

@@ -9,6 +9,14 @@ Which master leads is read from Mooncake itself: every master answers `GET /heal
 with its `role` ("leader" or "standby"), whether it serves, the `leader_address` it sees in etcd and the
 view version. Measured on mooncake-transfer-engine-non-cuda 0.3.13.post1: a killed leader is replaced
 after about 9 s (its etcd lease runs out, a standby is elected and spends 5 s in "leader_warmup").
+
+Elections the sandbox did not cause happen too: a pause of this machine of about 5 s is enough for the
+leader to lose its etcd lease (measured 2026-12-01: "keep alive channel closed", "Release leadership"),
+and the put that follows can fail at the new leader before the replicas' segments are mounted there.
+What a step measured across such an election is about the election, not the store: every step of the
+HA scenario reads the leader and the view version before and after it (`LeaderEpoch`), and a step that
+did not pass across an unplanned election is reported (`LeaderChange`) and run again, at most
+`MAX_REDOS` times (`redo_after_unplanned_leader_changes`). A step that passes is never run again.
 """
 
 from __future__ import annotations
@@ -17,9 +25,10 @@ import asyncio
 import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -36,7 +45,10 @@ LOOPBACK = "127.0.0.1"
 ETCD_PACKAGE_HINT = "install Debian's etcd-server (apt-get install etcd-server; scripts/bootstrap does)"
 ETCD_START_TIMEOUT_S = 30.0
 LEADER_TIMEOUT_S = 90.0
+MAX_REDOS = 2  # per step; an election every attempt is a machine that cannot hold a lease: stop and say so
 _POLL_S = 0.2
+
+T = TypeVar("T")
 
 
 def sandbox_ha_resource(etcd_endpoint: str, *, masters: int, enable_oplog: bool) -> MooncakeServing:
@@ -123,23 +135,35 @@ class HaMasters:
 
     async def leader(self, client: httpx.AsyncClient) -> MasterNode | None:
         """The master that says it leads and serves, and whose address the others see as the leader's."""
+        found = await self._leading(client)
+        return found[0] if found is not None else None
+
+    async def _leading(self, client: httpx.AsyncClient) -> tuple[MasterNode, MasterView] | None:
         for node, view in await self.views(client):
             if view.leads and view.leader_address == node.address:
-                return node
+                return node, view
         return None
+
+    async def epoch(self, client: httpx.AsyncClient, *, timeout_s: float = LEADER_TIMEOUT_S) -> LeaderEpoch:
+        """Who leads and serves now, in which view; waits for one (as `wait_for_leader`)."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout_s:
+            self.check()
+            found = await self._leading(client)
+            if found is not None:
+                node, view = found
+                return LeaderEpoch(node.name, node.address, view.view_version, node=node)
+            await asyncio.sleep(_POLL_S)
+        views = {node.name: view for node, view in await self.views(client)}
+        raise SandboxSetupError(f"no master became a serving leader within {timeout_s:.0f} s; views: {views}")
+
+    def alive_count(self) -> int:
+        return sum(node.alive() for node in self.nodes)
 
     async def wait_for_leader(
         self, client: httpx.AsyncClient, *, timeout_s: float = LEADER_TIMEOUT_S
     ) -> MasterNode:
-        started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
-            self.check()
-            leader = await self.leader(client)
-            if leader is not None:
-                return leader
-            await asyncio.sleep(_POLL_S)
-        views = {node.name: view for node, view in await self.views(client)}
-        raise SandboxSetupError(f"no master became a serving leader within {timeout_s:.0f} s; views: {views}")
+        return (await self.epoch(client, timeout_s=timeout_s)).node
 
     def kill(self, node: MasterNode) -> None:
         """SIGKILL: the leader gets no chance to hand over (as on a node failure)."""
@@ -147,6 +171,96 @@ class HaMasters:
             return
         node.process.signal_group(signal.SIGKILL)
         stop_processes([node.process], grace_s=1.0)
+
+
+@dataclass(frozen=True)
+class LeaderEpoch:
+    """The serving leader and the election view it leads in. Any election in between changes the view
+    version (it grows with every election), so two equal epochs mean no election happened between them."""
+
+    leader: str
+    address: str
+    view_version: int | None
+    node: MasterNode = field(compare=False, repr=False)
+
+    def describe(self) -> str:
+        return f"{self.leader} ({self.address}, view {self.view_version})"
+
+    def as_json(self) -> dict[str, object]:
+        return {"leader": self.leader, "address": self.address, "view_version": self.view_version}
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    """An election the sandbox did not cause, seen between two reads of the leader."""
+
+    during: str
+    before: LeaderEpoch
+    after: LeaderEpoch
+
+    def describe(self) -> str:
+        return (
+            f"unplanned leader change during {self.during}: {self.before.describe()} -> "
+            f"{self.after.describe()}"
+        )
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "during": self.during,
+            "before": self.before.as_json(),
+            "after": self.after.as_json(),
+            "summary": self.describe(),
+        }
+
+
+class UnplannedLeaderChange(SandboxSetupError):
+    """The masters elected a leader the sandbox did not ask for while a step ran; what the step measured
+    is about that election, not the store (exit 3, an unstable environment, when it keeps happening)."""
+
+    def __init__(self, change: LeaderChange) -> None:
+        super().__init__(change.describe())
+        self.change = change
+
+
+async def redo_after_unplanned_leader_changes(
+    step: str,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    passed: Callable[[T], bool],
+    read_epoch: Callable[[], Awaitable[LeaderEpoch]],
+    store_serves: Callable[[], Awaitable[object]],
+    changes: list[LeaderChange],
+    progress: Progress,
+) -> T:
+    """Run `attempt`; run it again when it did not pass and the masters elected a leader while it ran.
+
+    `attempt` may also raise UnplannedLeaderChange itself (a step that causes an election of its own,
+    like the failover proof, checks the epochs around it). Each change is appended to `changes`, and
+    `store_serves` is awaited before the redo (the replicas mount their segments at the new leader a
+    few seconds after it serves). After MAX_REDOS redos the last result stands (or the last
+    UnplannedLeaderChange is raised).
+    """
+    redos = 0
+    while True:
+        before = await read_epoch()
+        try:
+            result = await attempt()
+        except UnplannedLeaderChange as unplanned:
+            changes.append(unplanned.change)
+            if redos == MAX_REDOS:
+                raise
+        else:
+            if passed(result):
+                return result
+            after = await read_epoch()
+            if after == before:
+                return result
+            changes.append(LeaderChange(step, before, after))
+            if redos == MAX_REDOS:
+                return result
+        redos += 1
+        progress.phase(f"{changes[-1].describe()}; running {step} again (redo {redos} of {MAX_REDOS})")
+        await store_serves()
 
 
 async def start_ha_masters(
