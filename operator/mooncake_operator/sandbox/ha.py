@@ -133,19 +133,15 @@ class HaMasters:
                 found.append((node, MasterView.parse(body)))
         return found
 
-    async def leader(self, client: httpx.AsyncClient) -> MasterNode | None:
-        """The master that says it leads and serves, and whose address the others see as the leader's."""
-        found = await self._leading(client)
-        return found[0] if found is not None else None
-
     async def _leading(self, client: httpx.AsyncClient) -> tuple[MasterNode, MasterView] | None:
+        """The master that says it leads and serves, and whose address the others see as the leader's."""
         for node, view in await self.views(client):
             if view.leads and view.leader_address == node.address:
                 return node, view
         return None
 
     async def epoch(self, client: httpx.AsyncClient, *, timeout_s: float = LEADER_TIMEOUT_S) -> LeaderEpoch:
-        """Who leads and serves now, in which view; waits for one (as `wait_for_leader`)."""
+        """Who leads and serves now, in which view; waits for one."""
         started = time.monotonic()
         while time.monotonic() - started < timeout_s:
             self.check()
@@ -159,11 +155,6 @@ class HaMasters:
 
     def alive_count(self) -> int:
         return sum(node.alive() for node in self.nodes)
-
-    async def wait_for_leader(
-        self, client: httpx.AsyncClient, *, timeout_s: float = LEADER_TIMEOUT_S
-    ) -> MasterNode:
-        return (await self.epoch(client, timeout_s=timeout_s)).node
 
     def kill(self, node: MasterNode) -> None:
         """SIGKILL: the leader gets no chance to hand over (as on a node failure)."""
@@ -321,8 +312,8 @@ async def start_ha_masters(
             )
             cluster.nodes.append(node)
         progress.phase(f"started {masters} mooncake_master (HA), waiting for a leader")
-        leader = await cluster.wait_for_leader(client)
-    progress.phase(f"{leader.name} ({leader.address}) leads; the others stand by")
+        leader = await cluster.epoch(client)
+    progress.phase(f"{leader.describe()} leads; the others stand by")
     return cluster
 
 
