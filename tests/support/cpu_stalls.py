@@ -23,6 +23,7 @@ import pytest
 
 from mooncake_operator.sandbox.cpu_stalls import CpuStall, CpuStallWatch
 
+FAILURE_DETAIL_CHARS = 4000
 _session_watch: CpuStallWatch | None = None
 _test_started = 0.0
 
@@ -34,12 +35,16 @@ def stalls_during_test() -> list[CpuStall]:
 def stalled_during_test(error: BaseException | None = None) -> bool:
     """pytest-rerunfailures' `condition`: rerun a failed test only when a CPU stalled while it ran.
 
-    The plugin also asks after a passing attempt (with no error); only a failure's answer is printed.
+    The plugin also asks after a passing attempt (with no error); only a failure's answer is printed,
+    with the failure itself (the plugin keeps no record of a rerun attempt's failure).
     """
     stalls = stalls_during_test()
     if error is not None:
         for stall in stalls:
             print(f"platform stall during this failed test (rerun): {stall.describe()}", file=sys.stderr)
+        if stalls:
+            detail = str(error)[:FAILURE_DETAIL_CHARS]
+            print(f"failure before the rerun: {type(error).__name__}: {detail}", file=sys.stderr)
     return bool(stalls)
 
 

@@ -79,7 +79,9 @@ def test_a_failed_test_is_rerun_only_after_a_stall_that_ended_while_it_ran(
     monkeypatch.setattr(cpu_stalls, "_test_started", 150.0)  # the stall ended while this test ran
     assert cpu_stalls.stalled_during_test(RuntimeError("any failure")) is True
     assert cpu_stalls.stalls_during_test() == [stall]
-    assert "CPU 0 ran nothing for 59.9 s" in capsys.readouterr().err
+    printed = capsys.readouterr().err
+    assert "CPU 0 ran nothing for 59.9 s" in printed
+    assert "failure before the rerun: RuntimeError: any failure" in printed
     # The plugin asks after a passing attempt too: the answer is the same, and nothing is printed.
     assert cpu_stalls.stalled_during_test(None) is True
     assert capsys.readouterr().err == ""
