@@ -239,6 +239,17 @@ async def test_a_tampered_last_good_config_map_is_refused_not_rolled_back_to(
                 kube, namespace, canary={"timeoutSeconds": 10, "onFailure": "Rollback"}
             )
             good = first["status"]["lastGoodRevision"]
+            await patch_spec(kube, namespace, {"engine": {"image": buggy}})
+            generation = (await get_serving(kube, namespace))["metadata"]["generation"]
+
+            # Tamper only once the operator works on the new spec: while the good revision still
+            # serves with a passing canary, a reconcile that finds its record changed writes it again
+            # (the record no longer matches what passed), which would undo the tampering.
+            async def new_spec_observed() -> bool:
+                status = (await get_serving(kube, namespace)).get("status", {})
+                return status.get("observedGeneration") == generation
+
+            await eventually(new_spec_observed, within=30, what="the operator to observe the new spec")
             stored = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
             tampered = json.loads(stored["data"]["spec.json"])
             tampered["engine"]["image"] = planted
@@ -249,7 +260,6 @@ async def test_a_tampered_last_good_config_map_is_refused_not_rolled_back_to(
                 {"data": {"spec.json": json.dumps(tampered)}},
                 namespace,
             )
-            await patch_spec(kube, namespace, {"engine": {"image": buggy}})
 
             async def refused() -> dict[str, Any] | None:
                 body = await get_serving(kube, namespace)
@@ -265,6 +275,30 @@ async def test_a_tampered_last_good_config_map_is_refused_not_rolled_back_to(
         assert (
             replicas["spec"]["template"]["spec"]["containers"][0]["image"] == buggy
         )  # never the planted one
+
+
+async def test_a_tampered_record_of_the_revision_that_serves_is_written_again(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    """While the revision that passed still serves, a changed record is restored from its spec."""
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+        async with FakeKubelet(kube, namespace):
+            first = await ready_resource(kube, namespace)
+            stored = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
+            genuine = stored["data"]["spec.json"]
+            tampered = json.loads(genuine)
+            tampered["engine"]["image"] = "registry.invalid/someone-elses:latest"
+            patch = {"data": {"spec.json": json.dumps(tampered)}}
+            await kube.patch_merge("v1", "ConfigMap", config_map_name("demo"), patch, namespace)
+
+            async def restored() -> bool:
+                now = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
+                return bool(now["data"]["spec.json"] == genuine)
+
+            await eventually(restored, within=30, what="the record written again")
+            body = await get_serving(kube, namespace)
+    assert body["status"]["phase"] == "Ready"
+    assert body["status"]["lastGoodRevision"] == first["status"]["lastGoodRevision"]
 
 
 async def test_spec_change_rolls_out_and_runs_the_canary_again(
