@@ -228,6 +228,17 @@ async def test_rollback_restores_the_last_good_revision_and_proves_it_again(
         assert canary_posts(fakes) == 12
 
 
+async def plant_image_in_last_good(kube: KubeClient, namespace: str, image: str) -> str:
+    """Change the engine image in the last-good record, as someone else could; returns the genuine one."""
+    stored = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
+    genuine: str = stored["data"]["spec.json"]
+    tampered = json.loads(genuine)
+    tampered["engine"]["image"] = image
+    patch = {"data": {"spec.json": json.dumps(tampered)}}
+    await kube.patch_merge("v1", "ConfigMap", config_map_name("demo"), patch, namespace)
+    return genuine
+
+
 async def test_a_tampered_last_good_config_map_is_refused_not_rolled_back_to(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
 ) -> None:
@@ -250,16 +261,7 @@ async def test_a_tampered_last_good_config_map_is_refused_not_rolled_back_to(
                 return status.get("observedGeneration") == generation
 
             await eventually(new_spec_observed, within=30, what="the operator to observe the new spec")
-            stored = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
-            tampered = json.loads(stored["data"]["spec.json"])
-            tampered["engine"]["image"] = planted
-            await kube.patch_merge(
-                "v1",
-                "ConfigMap",
-                config_map_name("demo"),
-                {"data": {"spec.json": json.dumps(tampered)}},
-                namespace,
-            )
+            await plant_image_in_last_good(kube, namespace, planted)
 
             async def refused() -> dict[str, Any] | None:
                 body = await get_serving(kube, namespace)
@@ -284,12 +286,7 @@ async def test_a_tampered_record_of_the_revision_that_serves_is_written_again(
     with run_operator(settings_for(kube_cluster, namespace, fakes)):
         async with FakeKubelet(kube, namespace):
             first = await ready_resource(kube, namespace)
-            stored = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
-            genuine = stored["data"]["spec.json"]
-            tampered = json.loads(genuine)
-            tampered["engine"]["image"] = "registry.invalid/someone-elses:latest"
-            patch = {"data": {"spec.json": json.dumps(tampered)}}
-            await kube.patch_merge("v1", "ConfigMap", config_map_name("demo"), patch, namespace)
+            genuine = await plant_image_in_last_good(kube, namespace, "registry.invalid/someone-elses:latest")
 
             async def restored() -> bool:
                 now = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)

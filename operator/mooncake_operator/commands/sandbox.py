@@ -35,7 +35,8 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 
@@ -66,6 +67,7 @@ from mooncake_operator.sandbox.revision_change import RevisionChangeReport, prov
 from mooncake_operator.sandbox.runtime import MAX_REPLICAS
 
 HA_MASTERS = 3
+T = TypeVar("T")
 CANARY, REVISION_CHANGE = "canary", "revision-change"
 
 
@@ -341,19 +343,16 @@ async def _failover(
     if before.verdict is not Verdict.PASSED:
         outcome["failover"] = {"skipped": "the canary before the failover did not pass"}
         return before.verdict
-    ha = sandbox.ha
-    assert ha is not None
     config = sandbox.canary_config()
     async with httpx.AsyncClient(trust_env=False) as client:
         # The proof causes an election of its own, so only the UnplannedLeaderChange it raises redoes it.
-        proof = redo_after_unplanned_leader_changes(
+        proof = _redone_after_elections(
+            sandbox,
+            client,
             "the failover proof",
             lambda: prove_failover(sandbox, client, config),
             passed=lambda _report: True,
-            read_epoch=lambda: ha.epoch(client),
-            store_serves=lambda: wait_for_a_warm_load(sandbox, client, config, since=time.monotonic()),
-            changes=leader_changes,
-            progress=sandbox.progress,
+            leader_changes=leader_changes,
         )
         report: FailoverReport = await sandbox.guard(proof)
     _stderr_line(f"sandbox: failover: {report.summary()}")
@@ -366,20 +365,41 @@ async def _failover(
 
 async def _canary_step(sandbox: Sandbox, step: str, leader_changes: list[LeaderChange]) -> CanaryResult:
     """The canary; with HA masters, run again when it did not pass across an unplanned election."""
-    ha = sandbox.ha
-    if ha is None:
+    if sandbox.ha is None:
         return await _canary(sandbox)
-    config = sandbox.canary_config()
     async with httpx.AsyncClient(trust_env=False) as client:
-        return await redo_after_unplanned_leader_changes(
+        return await _redone_after_elections(
+            sandbox,
+            client,
             step,
             lambda: _canary(sandbox),
             passed=lambda result: result.verdict is Verdict.PASSED,
-            read_epoch=lambda: ha.epoch(client),
-            store_serves=lambda: wait_for_a_warm_load(sandbox, client, config, since=time.monotonic()),
-            changes=leader_changes,
-            progress=sandbox.progress,
+            leader_changes=leader_changes,
         )
+
+
+async def _redone_after_elections(
+    sandbox: Sandbox,
+    client: httpx.AsyncClient,
+    step: str,
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    passed: Callable[[T], bool],
+    leader_changes: list[LeaderChange],
+) -> T:
+    """`attempt`, run again (reported) when it did not pass across an election the sandbox did not cause."""
+    ha = sandbox.ha
+    assert ha is not None
+    config = sandbox.canary_config()
+    return await redo_after_unplanned_leader_changes(
+        step,
+        attempt,
+        passed=passed,
+        read_epoch=lambda: ha.epoch(client),
+        store_serves=lambda: wait_for_a_warm_load(sandbox, client, config, since=time.monotonic()),
+        changes=leader_changes,
+        progress=sandbox.progress,
+    )
 
 
 async def _canary(sandbox: Sandbox) -> CanaryResult:
