@@ -17,11 +17,21 @@ import kopf
 import yaml
 
 from mooncake_operator import api, safe_yaml
-from mooncake_operator.canary.models import normalize_base_url
+from mooncake_operator.canary.models import (
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+    MAX_BODY_BYTES_LIMIT,
+    CanaryConfig,
+    normalize_base_url,
+)
 from mooncake_operator.kube import KubeConfig
 
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
+# The operator's default ceilings on the canary's body caps: 4x the chat default, 2x the metrics default.
+# Eight canaries at once each parsing one body at its ceiling need about 8 * 32 MiB * 3 of memory.
+DEFAULT_CANARY_MAX_CHAT_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_CANARY_MAX_METRICS_BODY_BYTES = 2 * DEFAULT_MAX_METRICS_BODY_BYTES
+MIN_BODY_BYTES = 1024
 # How often kopf re-checks a daemon that is exiting (its default, 60 s, delays deletions that long).
 TIMER_EXIT_POLL_SECONDS = 2.0
 
@@ -53,6 +63,10 @@ class OperatorSettings:
     inconclusive_retry_seconds: float = 60.0
     request_timeout_seconds: float = 30.0
     watch_timeout_seconds: float = 300.0
+    # Ceilings on what a resource's spec.canary may ask for: one operator serves every tenant, so no
+    # resource may size the operator's memory (a body is held about three times while it is parsed).
+    canary_max_chat_body_bytes: int = DEFAULT_CANARY_MAX_CHAT_BODY_BYTES
+    canary_max_metrics_body_bytes: int = DEFAULT_CANARY_MAX_METRICS_BODY_BYTES
 
     def __post_init__(self) -> None:
         for name in (
@@ -70,6 +84,29 @@ class OperatorSettings:
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
+        for name in ("canary_max_chat_body_bytes", "canary_max_metrics_body_bytes"):
+            if not MIN_BODY_BYTES <= getattr(self, name) <= MAX_BODY_BYTES_LIMIT:
+                flag = name.replace("_", "-")
+                raise SettingsError(
+                    f"{flag} must be between {MIN_BODY_BYTES} and {MAX_BODY_BYTES_LIMIT} bytes"
+                )
+
+    def limit_canary(self, config: CanaryConfig) -> tuple[CanaryConfig, list[str]]:
+        """`config` with its body caps lowered to the operator's ceilings, and a line per lowered cap."""
+        lowered: dict[str, int] = {}
+        notes = []
+        for field_name, ceiling, spec_field in (
+            ("max_chat_body_bytes", self.canary_max_chat_body_bytes, "maxChatBodyBytes"),
+            ("max_metrics_body_bytes", self.canary_max_metrics_body_bytes, "maxMetricsBodyBytes"),
+        ):
+            asked = getattr(config, field_name)
+            if asked > ceiling:
+                lowered[field_name] = ceiling
+                notes.append(
+                    f"spec.canary.{spec_field} {asked} lowered to the operator's ceiling {ceiling} "
+                    f"(--canary-{field_name.replace('_', '-')})"
+                )
+        return (config.model_copy(update=lowered) if lowered else config), notes
 
     def kube_config(self) -> KubeConfig:
         """Explicit credentials, else the given kubeconfig, else in-cluster or the default kubeconfig."""

@@ -273,6 +273,8 @@ def test_chart_defaults_of_run_flags_are_the_clis() -> None:
     operator_values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["operator"]
     cli_defaults = build_parser().parse_args(["run"])
     assert operator_values["maxConcurrentCanaries"] == cli_defaults.max_concurrent_canaries
+    assert operator_values["canaryMaxChatBodyBytes"] == cli_defaults.canary_max_chat_body_bytes
+    assert operator_values["canaryMaxMetricsBodyBytes"] == cli_defaults.canary_max_metrics_body_bytes
     assert operator_values["leaderCheckSeconds"] == cli_defaults.leader_check_seconds
     assert operator_values["livenessPort"] == cli_defaults.liveness_port
 

@@ -17,7 +17,13 @@ from kopf._core.engines.peering import Identity  # the type of kopf.run's identi
 from mooncake_operator.handlers import build_registry
 from mooncake_operator.kube import KubeClient, KubeConfigError
 from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings, default_identity
-from mooncake_operator.operator_settings import OperatorSettings, SettingsError, load_replica_endpoints
+from mooncake_operator.operator_settings import (
+    DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
+    DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
+    OperatorSettings,
+    SettingsError,
+    load_replica_endpoints,
+)
 
 logger = logging.getLogger("mooncake_operator.run")
 
@@ -103,6 +109,22 @@ def register(subparsers: Any) -> None:
         help="canaries running at once across all resources (default: 8)",
     )
     parser.add_argument(
+        "--canary-max-chat-body-bytes",
+        type=int,
+        default=DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
+        metavar="BYTES",
+        help="ceiling on spec.canary.maxChatBodyBytes: a resource asking for more gets this cap, so no "
+        f"tenant sizes the operator's memory (default: {DEFAULT_CANARY_MAX_CHAT_BODY_BYTES}, 16 MiB)",
+    )
+    parser.add_argument(
+        "--canary-max-metrics-body-bytes",
+        type=int,
+        default=DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
+        metavar="BYTES",
+        help="ceiling on spec.canary.maxMetricsBodyBytes "
+        f"(default: {DEFAULT_CANARY_MAX_METRICS_BODY_BYTES}, 32 MiB)",
+    )
+    parser.add_argument(
         "--leader-check-seconds",
         type=float,
         default=30.0,
@@ -175,6 +197,8 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,
         request_timeout_seconds=args.request_timeout_seconds,
         watch_timeout_seconds=args.watch_timeout_seconds,
+        canary_max_chat_body_bytes=args.canary_max_chat_body_bytes,
+        canary_max_metrics_body_bytes=args.canary_max_metrics_body_bytes,
     )
 
 

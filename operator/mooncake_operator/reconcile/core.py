@@ -414,8 +414,11 @@ class _Pass:
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
+        config, lowered = self.settings.limit_canary(proof.canary_config(serving.spec, urls))
+        for note in lowered:
+            logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
         async with self.runtime.canary_slots:
-            result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
+            result = await run_canary(config, client=self.runtime.http)
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )
