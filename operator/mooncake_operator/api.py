@@ -453,14 +453,18 @@ class NetworkPolicySpec(ApiModel):
         default=None,
         description=(
             "Who the operator is (it runs the canary against the replicas' HTTP port). Unset: pods "
-            "labelled app.kubernetes.io/name=mooncake-operator in any namespace."
+            "labelled app.kubernetes.io/name=mooncake-operator in the operator's own namespace."
         ),
     )
     clients: list[NetworkPolicyPeer] | None = Field(
         default=None, description="Who may call the replicas' HTTP port; unset: anyone."
     )
     metrics_scrapers: list[NetworkPolicyPeer] = Field(
-        default_factory=list, description="Who may read the master's metrics port."
+        default_factory=list,
+        description=(
+            "Admits nobody: the master's metrics port also serves its unauthenticated admin API "
+            "(remove_all, quotas, drains), so no scraper is let in. Kept so existing resources stay valid."
+        ),
     )
 
 

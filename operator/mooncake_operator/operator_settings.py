@@ -8,6 +8,7 @@ that points canaries at URLs other than the per-replica DNS names (tests, the sa
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from mooncake_operator.canary.models import (
     normalize_base_url,
 )
 from mooncake_operator.kube import KubeConfig
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE
 
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
@@ -32,6 +34,7 @@ WATCH_CLIENT_GRACE_SECONDS = 30.0
 DEFAULT_CANARY_MAX_CHAT_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_CANARY_MAX_METRICS_BODY_BYTES = 2 * DEFAULT_MAX_METRICS_BODY_BYTES
 MIN_BODY_BYTES = 1024
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label
 # How often kopf re-checks a daemon that is exiting (its default, 60 s, delays deletions that long).
 TIMER_EXIT_POLL_SECONDS = 2.0
 
@@ -65,6 +68,8 @@ class OperatorSettings:
     watch_timeout_seconds: float = 300.0
     # Ceilings on what a resource's spec.canary may ask for: one operator serves every tenant, so no
     # resource may size the operator's memory (a body is held about three times while it is parsed).
+    # Where the operator's pods run: the NetworkPolicies admit its pods from this namespace only.
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     canary_max_chat_body_bytes: int = DEFAULT_CANARY_MAX_CHAT_BODY_BYTES
     canary_max_metrics_body_bytes: int = DEFAULT_CANARY_MAX_METRICS_BODY_BYTES
 
@@ -84,6 +89,8 @@ class OperatorSettings:
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
+        if not _NAMESPACE_RE.fullmatch(self.operator_namespace):
+            raise SettingsError(f"operator-namespace {self.operator_namespace!r} is not a namespace name")
         for name in ("canary_max_chat_body_bytes", "canary_max_metrics_body_bytes"):
             if not MIN_BODY_BYTES <= getattr(self, name) <= MAX_BODY_BYTES_LIMIT:
                 flag = name.replace("_", "-")

@@ -566,9 +566,19 @@ RDMA_DEVICES_PATH = "/dev/infiniband"
 MEMLOCK_WRAPPER = ("/bin/sh", "-c", 'ulimit -l unlimited && exec "$0" "$@"')
 # The master needs no privileges: measured with the real mooncake_master (bench/RESULTS.md).
 MASTER_USER_ID = 65532
-DEFAULT_OPERATOR_PEER = NetworkPolicyPeer.model_validate(
-    {"podSelector": {"matchLabels": {LABEL_NAME: "mooncake-operator"}}, "namespaceSelector": {}}
-)
+# Where the operator runs when nobody says (the namespace docs/install.md installs the chart into); the
+# operator itself passes its own (`run --operator-namespace`, the chart's release namespace).
+DEFAULT_OPERATOR_NAMESPACE = "mooncake-system"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.21+)
+
+
+def operator_peer(operator_namespace: str) -> dict[str, Any]:
+    """The operator's pods in the operator's own namespace only: the label alone would admit any pod of any
+    namespace that carries it (every tenant can label its own pods)."""
+    return {
+        "podSelector": {"matchLabels": {LABEL_NAME: "mooncake-operator"}},
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
+    }
 
 
 def replica_command(spec: MooncakeServingSpec, argv: tuple[str, ...]) -> list[str]:
@@ -1048,14 +1058,17 @@ def _peers(peers: list[NetworkPolicyPeer]) -> list[dict[str, Any]]:
     return [peer.to_wire() for peer in peers]
 
 
-def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:
-    """Ingress of the master (RPC from this resource's replicas; metrics from declared scrapers) and of
-    the replicas (any port from each other: the store client's transfer port is picked at start-up; the
-    HTTP port from the operator and the declared clients, or from anyone when clients is unset).
+def network_policies(
+    resource: MooncakeServing, *, owner_uid: str | None, operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+) -> list[Manifest]:
+    """Ingress of the master (RPC from this resource's replicas; with highly available masters, the
+    operator on the metrics port for /health) and of the replicas (any port from each other: the store
+    client's transfer port is picked at start-up; the HTTP port from the operator and the declared
+    clients, or from anyone when clients is unset). Pure: the operator's namespace is an argument.
 
-    Egress is not restricted. The operator connects to the master only with highly available masters
-    (their /health says who leads): then it gets a rule for the metrics port. A managed etcd gets no
-    policy (masters and replicas reach it).
+    The master's metrics port also serves the pinned mooncake_master's admin API (`/api/v1/remove_all`,
+    quotas, drains), so nobody but the operator is admitted to it: `metricsScrapers` are not (see
+    docs/api.md). Egress is not restricted. A managed etcd gets no policy here.
     """
     spec = resource.spec
     policy = spec.network_policy
@@ -1063,19 +1076,14 @@ def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> lis
         return []
     names = ChildNames.of(resource.metadata.name)
     replicas_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_REPLICA)}}
+    operator = policy.operator.to_wire() if policy.operator is not None else operator_peer(operator_namespace)
     master = spec.store.master
-    metrics_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": master.metrics_port}]}
-    if policy.metrics_scrapers:
-        metrics_rule["from"] = _peers(policy.metrics_scrapers)
     master_rules = [{"from": [replicas_peer], "ports": [{"protocol": "TCP", "port": master.rpc_port}]}]
-    if policy.metrics_scrapers:
-        master_rules.append(metrics_rule)
     if ha_enabled(resource):  # the operator asks every highly available master who leads (/health)
-        operator = _peers([policy.operator or DEFAULT_OPERATOR_PEER])
-        master_rules.append({"from": operator, "ports": [{"protocol": "TCP", "port": master.metrics_port}]})
+        master_rules.append({"from": [operator], "ports": [{"protocol": "TCP", "port": master.metrics_port}]})
     http_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
     if policy.clients is not None:
-        http_rule["from"] = _peers([policy.operator or DEFAULT_OPERATOR_PEER, *policy.clients])
+        http_rule["from"] = [operator, *_peers(policy.clients)]
     replica_rules = [{"from": [replicas_peer]}, http_rule]
 
     def build(name: str, app: str, component: str, rules: list[dict[str, Any]]) -> Manifest:
@@ -1102,6 +1110,7 @@ def render_all(
     owner_uid: str | None,
     policy_api_version: str = POLICY_V1,
     replica_set: str | None = None,
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
 ) -> list[Manifest]:
     """Every child object, in apply order: network policies first (so no pod starts unprotected),
     config and master, replicas next, services and the disruption budget for them.
@@ -1109,9 +1118,10 @@ def render_all(
     `policy_api_version`: the PodDisruptionBudget's apiVersion the cluster serves (`policy/v1` from
     Kubernetes 1.21 on; the operator asks the API server which one it serves). `replica_set`: the
     replica StatefulSet rendered from this spec (a BlueGreen candidate's name); another set (the one
-    serving during a BlueGreen rollout) is not rendered, so it is left as it runs."""
+    serving during a BlueGreen rollout) is not rendered, so it is left as it runs. `operator_namespace`:
+    where the operator's pods run, the only namespace its NetworkPolicy peer admits."""
     return [
-        *network_policies(resource, owner_uid=owner_uid),
+        *network_policies(resource, owner_uid=owner_uid, operator_namespace=operator_namespace),
         store_config_map(resource, owner_uid=owner_uid),
         *_master_children(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),

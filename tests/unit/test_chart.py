@@ -260,6 +260,9 @@ def test_operator_tuning_values_become_run_flags(rendered: dict[str, list[Manife
     cli_defaults = build_parser().parse_args(["run"])
     defaults = build_parser().parse_args(deployment_args(rendered["defaults"]))
     assert "--max-concurrent-canaries=8" in deployment_args(rendered["defaults"])
+    # The NetworkPolicies admit the operator from its own namespace only: the chart says which it is.
+    namespace = only(rendered["defaults"], "Deployment")["metadata"]["namespace"]
+    assert f"--operator-namespace={namespace}" in deployment_args(rendered["defaults"])
     assert (defaults.max_concurrent_canaries, defaults.leader_check_seconds) == (
         cli_defaults.max_concurrent_canaries,
         cli_defaults.leader_check_seconds,

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from tests.support.manifests import with_change
 
-from mooncake_operator import render
+from mooncake_operator import api, render
 from mooncake_operator.api import (
     CanaryStatus,
     HighAvailabilityStatus,
@@ -358,6 +358,20 @@ def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
     assert rule["from"] == [
         {
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mooncake-operator"}},
-            "namespaceSelector": {},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mooncake-system"}},
         }
     ]
+    # Declared scrapers are not admitted to that port: it also serves the master's admin API.
+    scraped = resource_with({"enabled": True})
+    spec = scraped.spec.model_copy(
+        update={
+            "network_policy": scraped.spec.network_policy.model_copy(
+                update={
+                    "metrics_scrapers": [
+                        api.NetworkPolicyPeer.model_validate({"ipBlock": {"cidr": "0.0.0.0/0"}})
+                    ]
+                }
+            )
+        }
+    )
+    assert metrics_rules(scraped.model_copy(update={"spec": spec})) == [rule]

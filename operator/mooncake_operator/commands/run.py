@@ -24,6 +24,7 @@ from mooncake_operator.operator_settings import (
     SettingsError,
     load_replica_endpoints,
 )
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE
 
 logger = logging.getLogger("mooncake_operator.run")
 
@@ -107,6 +108,13 @@ def register(subparsers: Any) -> None:
         default=8,
         metavar="N",
         help="canaries running at once across all resources (default: 8)",
+    )
+    parser.add_argument(
+        "--operator-namespace",
+        metavar="NS",
+        help="the namespace this operator's pods run in: the resources' NetworkPolicies admit the operator "
+        f"from there only (default: $POD_NAMESPACE, else {DEFAULT_OPERATOR_NAMESPACE}; the chart passes "
+        "its release namespace)",
     )
     parser.add_argument(
         "--canary-max-chat-body-bytes",
@@ -197,6 +205,9 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,
         request_timeout_seconds=args.request_timeout_seconds,
         watch_timeout_seconds=args.watch_timeout_seconds,
+        operator_namespace=args.operator_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or DEFAULT_OPERATOR_NAMESPACE,
         canary_max_chat_body_bytes=args.canary_max_chat_body_bytes,
         canary_max_metrics_body_bytes=args.canary_max_metrics_body_bytes,
     )

@@ -310,7 +310,11 @@ class _Pass:
         sets = plan.choose_sets(self.resource, self.state.current, live, render.replica_template_id(serving))
         policy = await self.runtime.policy_api_version()
         manifests = render.render_all(
-            serving, owner_uid=self.uid, policy_api_version=policy, replica_set=sets.active
+            serving,
+            owner_uid=self.uid,
+            policy_api_version=policy,
+            replica_set=sets.active,
+            operator_namespace=self.settings.operator_namespace,
         )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
