@@ -11,6 +11,7 @@ Children of a resource named NAME in namespace NS:
   Service      NAME                client traffic: only replica pods labelled TRAFFIC_LABEL=on
   PodDisruptionBudget NAME-replica at most one replica voluntarily disrupted (node drains)
   NetworkPolicy NAME-master, NAME-replica  who may reach the master's and the replicas' ports
+                                   (and NAME-etcd for a managed etcd)
                                    (unless spec.networkPolicy.enabled is false)
 
 The replica command line, environment and store config come from `engine_args`, the module the sandbox
@@ -1068,7 +1069,8 @@ def network_policies(
 
     The master's metrics port also serves the pinned mooncake_master's admin API (`/api/v1/remove_all`,
     quotas, drains), so nobody but the operator is admitted to it: `metricsScrapers` are not (see
-    docs/api.md). Egress is not restricted. A managed etcd gets no policy here.
+    docs/api.md). A managed etcd gets a third: its client port from this resource's masters and
+    replicas, its peer port from its own members. Egress is not restricted.
     """
     spec = resource.spec
     policy = spec.network_policy
@@ -1098,10 +1100,21 @@ def network_policies(
             },
         }
 
-    return [
+    policies = [
         build(names.master, "mooncake-master", COMPONENT_MASTER, master_rules),
         build(names.replicas, "vllm", COMPONENT_REPLICA, replica_rules),
     ]
+    if ha_enabled(resource) and spec.store.master.high_availability.etcd.managed_or_default() is not None:
+        # The managed etcd has no authentication: whoever reaches its client port can rewrite
+        # master_view and send the store clients to a master of their choosing.
+        masters_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_MASTER)}}
+        members_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_ETCD)}}
+        etcd_rules = [
+            {"from": [masters_peer, replicas_peer], "ports": [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}]},
+            {"from": [members_peer], "ports": [{"protocol": "TCP", "port": ETCD_PEER_PORT}]},
+        ]
+        policies.append(build(HaNames.of(resource.metadata.name).etcd, "etcd", COMPONENT_ETCD, etcd_rules))
+    return policies
 
 
 def render_all(
