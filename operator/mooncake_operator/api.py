@@ -943,7 +943,11 @@ class CanarySpec(ApiModel):
         default=True,
         description="Without a rise of the reader's external-hit counter the run is Inconclusive.",
     )
-    timeout_seconds: int = Field(default=300, ge=1, description="Timeout of one canary request.")
+    timeout_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="Timeout of one canary request; lowered to the operator's ceiling (600 s by default).",
+    )
     interval_seconds: int | None = Field(
         default=None,
         ge=1,

@@ -60,6 +60,8 @@ class OperatorSettings:
     master_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     resync_seconds: float = 600.0  # a safety net: changes arrive through the watches
     max_concurrent_canaries: int = 8
+    # One namespace's share of them: a tenant whose replicas never answer cannot take every slot.
+    max_concurrent_canaries_per_namespace: int = 2
     # Highly available masters: who leads is asked over HTTP, not watched (a failover need not change a pod).
     leader_check_seconds: float = 30.0
     retry_delay_seconds: float = 10.0
@@ -72,6 +74,9 @@ class OperatorSettings:
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     canary_max_chat_body_bytes: int = DEFAULT_CANARY_MAX_CHAT_BODY_BYTES
     canary_max_metrics_body_bytes: int = DEFAULT_CANARY_MAX_METRICS_BODY_BYTES
+    # Ceiling on spec.canary.timeoutSeconds (one request), and the deadline of a whole run.
+    canary_max_timeout_seconds: int = 600
+    canary_run_deadline_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -86,6 +91,12 @@ class OperatorSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be greater than 0")
         if self.max_concurrent_canaries < 1:
             raise SettingsError("max-concurrent-canaries must be at least 1")
+        if self.max_concurrent_canaries_per_namespace < 1:
+            raise SettingsError("max-concurrent-canaries-per-namespace must be at least 1")
+        if self.canary_max_timeout_seconds < 1:
+            raise SettingsError("canary-max-timeout-seconds must be at least 1")
+        if self.canary_run_deadline_seconds <= 0:
+            raise SettingsError("canary-run-deadline-seconds must be greater than 0")
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
@@ -99,7 +110,8 @@ class OperatorSettings:
                 )
 
     def limit_canary(self, config: CanaryConfig) -> tuple[CanaryConfig, list[str]]:
-        """`config` with its body caps lowered to the operator's ceilings, and a line per lowered cap."""
+        """`config` with its body caps and request timeout lowered to the operator's ceilings, and a line
+        per lowered value."""
         lowered: dict[str, int] = {}
         notes = []
         for field_name, ceiling, spec_field in (
@@ -113,7 +125,18 @@ class OperatorSettings:
                     f"spec.canary.{spec_field} {asked} lowered to the operator's ceiling {ceiling} "
                     f"(--canary-{field_name.replace('_', '-')})"
                 )
-        return (config.model_copy(update=lowered) if lowered else config), notes
+        if config.request_timeout_s > self.canary_max_timeout_seconds:
+            notes.append(
+                f"spec.canary.timeoutSeconds {int(config.request_timeout_s)} lowered to the operator's "
+                f"ceiling {self.canary_max_timeout_seconds} (--canary-max-timeout-seconds)"
+            )
+            updates: dict[str, object] = {
+                **lowered,
+                "request_timeout_s": float(self.canary_max_timeout_seconds),
+            }
+        else:
+            updates = dict(lowered)
+        return (config.model_copy(update=updates) if updates else config), notes
 
     def kube_config(self) -> KubeConfig:
         """Explicit credentials, else the given kubeconfig, else in-cluster or the default kubeconfig."""

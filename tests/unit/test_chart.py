@@ -277,6 +277,12 @@ def test_chart_defaults_of_run_flags_are_the_clis() -> None:
     cli_defaults = build_parser().parse_args(["run"])
     assert operator_values["maxConcurrentCanaries"] == cli_defaults.max_concurrent_canaries
     assert operator_values["canaryMaxChatBodyBytes"] == cli_defaults.canary_max_chat_body_bytes
+    assert (
+        operator_values["maxConcurrentCanariesPerNamespace"]
+        == cli_defaults.max_concurrent_canaries_per_namespace
+    )
+    assert operator_values["canaryMaxTimeoutSeconds"] == cli_defaults.canary_max_timeout_seconds
+    assert operator_values["canaryRunDeadlineSeconds"] == cli_defaults.canary_run_deadline_seconds
     assert operator_values["canaryMaxMetricsBodyBytes"] == cli_defaults.canary_max_metrics_body_bytes
     assert operator_values["leaderCheckSeconds"] == cli_defaults.leader_check_seconds
     assert operator_values["livenessPort"] == cli_defaults.liveness_port

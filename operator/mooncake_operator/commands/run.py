@@ -110,6 +110,29 @@ def register(subparsers: Any) -> None:
         help="canaries running at once across all resources (default: 8)",
     )
     parser.add_argument(
+        "--max-concurrent-canaries-per-namespace",
+        type=int,
+        default=2,
+        metavar="N",
+        help="of those, at most N for the resources of one namespace, so one tenant cannot hold every slot "
+        "(default: 2)",
+    )
+    parser.add_argument(
+        "--canary-max-timeout-seconds",
+        type=int,
+        default=600,
+        metavar="S",
+        help="ceiling on spec.canary.timeoutSeconds, one request's timeout (default: 600)",
+    )
+    parser.add_argument(
+        "--canary-run-deadline-seconds",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="a canary run not finished after S seconds is ended as Inconclusive and its slot freed "
+        "(default: 3600)",
+    )
+    parser.add_argument(
         "--operator-namespace",
         metavar="NS",
         help="the namespace this operator's pods run in: the resources' NetworkPolicies admit the operator "
@@ -200,6 +223,9 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         master_endpoints=masters,
         resync_seconds=args.resync_seconds,
         max_concurrent_canaries=args.max_concurrent_canaries,
+        max_concurrent_canaries_per_namespace=args.max_concurrent_canaries_per_namespace,
+        canary_max_timeout_seconds=args.canary_max_timeout_seconds,
+        canary_run_deadline_seconds=args.canary_run_deadline_seconds,
         leader_check_seconds=args.leader_check_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,

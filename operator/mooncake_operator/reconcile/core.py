@@ -40,6 +40,7 @@ from mooncake_operator.reconcile.children import (
 from mooncake_operator.reconcile.observe import Observation, observe, replica_sets
 from mooncake_operator.reconcile.plan import Outcome
 from mooncake_operator.reconcile.revisions import read_verified_last_good, write_last_good
+from mooncake_operator.reconcile.slots import CanarySlots
 from mooncake_operator.reconcile.traffic import set_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
@@ -65,7 +66,7 @@ class Runtime:
     http: httpx.AsyncClient
     metrics: OperatorMetrics
     wakes: Wakes
-    canary_slots: asyncio.Semaphore
+    canary_slots: CanarySlots
     clock: Callable[[], datetime] = utc_now
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -97,7 +98,9 @@ class Runtime:
             http=http,
             metrics=metrics,
             wakes=wakes,
-            canary_slots=asyncio.Semaphore(settings.max_concurrent_canaries),
+            canary_slots=CanarySlots(
+                settings.max_concurrent_canaries, settings.max_concurrent_canaries_per_namespace
+            ),
         )
         if settings.metrics_port:
             runtime.metrics_server = serve(metrics, settings.metrics_host, settings.metrics_port)
@@ -421,8 +424,17 @@ class _Pass:
         config, lowered = self.settings.limit_canary(proof.canary_config(serving.spec, urls))
         for note in lowered:
             logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
-        async with self.runtime.canary_slots:
-            result = await run_canary(config, client=self.runtime.http)
+        deadline = self.settings.canary_run_deadline_seconds
+        result = await self.runtime.canary_slots.run(
+            self.namespace, deadline, lambda: run_canary(config, client=self.runtime.http)
+        )
+        if result is None:
+            why = (
+                f"the canary run did not finish within the operator's {deadline:g} s deadline "
+                "(--canary-run-deadline-seconds): replicas that accept and never answer?"
+            )
+            now = self.runtime.clock()
+            return plan.CanaryRun(proof.not_run_status(why, run_id="deadline", now=now, target=target))
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )
