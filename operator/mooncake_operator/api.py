@@ -543,6 +543,26 @@ def managed_flag_of(arg: str) -> tuple[str, str] | None:
     return None
 
 
+# Options whose value is a secret: extraArgs are kept in the last-good record (a ConfigMap) and the pod
+# spec, both readable by far more people than a Secret. Each with its shortest spelling we treat as it
+# (argparse accepts unambiguous prefixes; shorter ones are ambiguous in vLLM and refused by it).
+SECRET_ENGINE_FLAGS = {
+    "--hf-token": ("--hf-t", "model.hfTokenSecretRef (a Secret; the pod reads it as HF_TOKEN)"),
+    "--api-key": ("--api-k", "engine.extraEnv VLLM_API_KEY with valueFrom.secretKeyRef"),
+}
+
+
+def secret_flag_of(arg: str) -> tuple[str, str] | None:
+    """(option, where the secret belongs instead) when `arg` passes a secret on the command line."""
+    flag = engine_flag(arg)
+    if flag is None:
+        return None
+    for option, (shortest, instead) in SECRET_ENGINE_FLAGS.items():
+        if flag.startswith(shortest) and option.startswith(flag):
+            return option, instead
+    return None
+
+
 # --- spec ----------------------------------------------------------------------------------------------
 
 
@@ -693,6 +713,13 @@ class EngineSpec(ApiModel):
                 spelled = "" if engine_flag(arg) == option else f" (vLLM reads {arg!r} as {option})"
                 raise ValueError(
                     f"engine.extraArgs must not contain {option}{spelled}: it is set from {source}"
+                )
+            secret = secret_flag_of(arg)
+            if secret is not None:
+                option, instead = secret
+                raise ValueError(
+                    f"engine.extraArgs must not contain {option}: a secret on the command line lands in the "
+                    f"pod spec and the operator's last-good record; use {instead}"
                 )
         for env in self.extra_env:
             if env.name in MANAGED_ENV:

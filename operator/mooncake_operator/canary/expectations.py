@@ -35,6 +35,7 @@ JsonScalar = str | int | float | bool | None
 
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _EXCERPT_CHARS = 80
+_LISTED_KEYS = 10  # keys (or mismatching fields) named in one violation
 
 
 def excerpt(text: str, limit: int = _EXCERPT_CHARS) -> str:
@@ -261,12 +262,12 @@ class JsonFieldEquals(_Check):
         wanted = normalize_key(self.field)
         matching = {key: value for key, value in found[0].items() if wanted in normalize_key(key)}
         if not matching:
-            return [f"the JSON object has no field named like {self.field!r} (keys: {sorted(found[0])})"]
+            return [f"the JSON object has no field named like {self.field!r} (keys: {_keys(found[0])})"]
         return [
-            f"the JSON field {key!r} is {_show(value)}, expected {_show(self.value)}"
+            f"the JSON field {excerpt(key)} is {_show(value)}, expected {_show(self.value)}"
             for key, value in matching.items()
             if canonical(value) != canonical(self.value)
-        ]
+        ][:_LISTED_KEYS]
 
 
 Expectation = Annotated[
@@ -296,7 +297,16 @@ def _unique(values: list[JsonScalar]) -> list[JsonScalar]:
 
 
 def _show(value: object) -> str:
-    return json.dumps(value)
+    """A value as JSON, shortened: an answer's values end up in the resource's status."""
+    shown = json.dumps(value)
+    return shown if len(shown) <= _EXCERPT_CHARS else shown[:_EXCERPT_CHARS] + "…"
+
+
+def _keys(obj: dict[str, object]) -> str:
+    """The first keys, each shortened, and how many more: an answer may hold any number of any length."""
+    keys = sorted(obj)
+    listed = "[" + ", ".join(excerpt(key, 40) for key in keys[:_LISTED_KEYS]) + "]"
+    return listed + (f" and {len(keys) - _LISTED_KEYS} more" if len(keys) > _LISTED_KEYS else "")
 
 
 def _listing(values: list[JsonScalar]) -> str:
