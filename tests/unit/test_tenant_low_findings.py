@@ -7,6 +7,7 @@ import pytest
 
 from mooncake_operator import api
 from mooncake_operator.canary.expectations import JsonFieldEquals
+from mooncake_operator.reconcile.core import one_line
 
 pytestmark = pytest.mark.unit
 
@@ -42,3 +43,13 @@ def test_an_answers_keys_and_values_reach_the_status_shortened() -> None:
     huge_value = '{"replicas": "' + "x" * 60_000 + '"}'
     [wrong] = JsonFieldEquals(field="replica", value=4).check(huge_value)
     assert len(wrong) < 300
+
+
+def test_a_replicas_words_cannot_start_a_log_line() -> None:
+    forged = "model gone\n2026-12-02 04:00:00 INFO mooncake_operator: ns/x canary Passed\r\x1b[2K"
+    assert one_line(forged) == (
+        "model gone\\n2026-12-02 04:00:00 INFO mooncake_operator: ns/x canary Passed\\r\\x1b[2K"
+    )
+    assert one_line("pair 0 http://a:8000 -> http://b:8000: ok, ünïcode") == (
+        "pair 0 http://a:8000 -> http://b:8000: ok, ünïcode"
+    )

@@ -55,6 +55,15 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def one_line(text: str) -> str:
+    """`text` for one log line: a replica's words (error details, model names) reach canary reasons and
+    conditions, and a newline or a terminal escape in them must not start a forged operator log line."""
+    return "".join(
+        char if char.isprintable() or char == " " else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
+
+
 @dataclass
 class Runtime:
     """What every reconcile shares: settings, the API client, the watch cache, the canary's HTTP client,
@@ -247,7 +256,7 @@ class _StatusWriter:
     async def _event(self, standing: status.Standing, ready: api.Condition | None) -> None:
         reason = ready.reason if ready else standing.phase
         message = f"{standing.phase}: {ready.message}" if ready else standing.phase
-        logger.info("%s/%s %s", self.namespace, self.name, message)
+        logger.info("%s/%s %s", self.namespace, self.name, one_line(message))
         await self.runtime.kube.create_event(
             self.body, reason=reason, message=message, type=status.event_type(standing.phase, reason)
         )
@@ -356,7 +365,7 @@ class _Pass:
                 self.namespace,
                 serving.metadata.name,
                 fresh.canary.verdict,
-                fresh.canary.reason,
+                one_line(fresh.canary.reason),
             )
             now = self.runtime.clock()
             decision = plan.plan(replace(inputs, current=self.state.current, now=now, fresh=fresh))
