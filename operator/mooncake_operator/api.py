@@ -547,7 +547,7 @@ def managed_flag_of(arg: str) -> tuple[str, str] | None:
 # spec, both readable by far more people than a Secret. Each with its shortest spelling we treat as it
 # (argparse accepts unambiguous prefixes; shorter ones are ambiguous in vLLM and refused by it).
 SECRET_ENGINE_FLAGS = {
-    "--hf-token": ("--hf-t", "model.hfTokenSecretRef (a Secret; the pod reads it as HF_TOKEN)"),
+    "--hf-token": ("--hf-t", "model.hfTokenSecretRef (a Secret the engine reads as a file)"),
     "--api-key": ("--api-k", "engine.extraEnv VLLM_API_KEY with valueFrom.secretKeyRef"),
 }
 
@@ -633,7 +633,10 @@ class ModelSpec(ApiModel):
     cache: ModelCache = Field(default_factory=ModelCache, description="Hugging Face cache volume.")
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding the Hugging Face token (exposed as HF_TOKEN). Never inline a token.",
+        description=(
+            "Secret key holding the Hugging Face token, mounted as a file the engine reads through "
+            "HF_TOKEN_PATH. Never inline a token."
+        ),
     )
 
 
@@ -663,6 +666,7 @@ MANAGED_ENV = {
     "PYTHONHASHSEED": "engine.pythonHashSeed",
     "MOONCAKE_CONFIG_PATH": "store",
     "HF_TOKEN": "model.hfTokenSecretRef",
+    "HF_TOKEN_PATH": "model.hfTokenSecretRef",
     "HF_HOME": "model.cache",
     "MC_STORE_CLUSTER_ID": "store.master.highAvailability",
     "SSL_CERT_DIR": "store.master.highAvailability.etcd.external.tls",

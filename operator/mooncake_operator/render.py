@@ -421,11 +421,10 @@ def _http_service_port(resource: MooncakeServing) -> dict[str, Any]:
 def _replica_env(spec: MooncakeServingSpec, launch_env: dict[str, str]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in launch_env.items()]
     env.append({"name": "HF_HOME", "value": HF_HOME})
-    secret = spec.model.hf_token_secret_ref
-    if secret is not None:
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
-        )
+    if spec.model.hf_token_secret_ref is not None:
+        # A file, not HF_TOKEN: an environment variable shows in `kubectl describe`, crash dumps and
+        # every child process's environment. huggingface_hub (and so vLLM) reads HF_TOKEN_PATH.
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_FILE}"})
     # The store client registers this address with the master; the pod IP is what other replicas reach.
     env.append(
         {
@@ -462,6 +461,10 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     if rdma is not None and rdma.host_devices:
         volumes.append({"name": RDMA_DEVICES_VOLUME, "hostPath": {"path": RDMA_DEVICES_PATH}})
     volumes += etcd_ca_volumes(resource)
+    secret = spec.model.hf_token_secret_ref
+    if secret is not None:
+        items = [{"key": secret.key, "path": HF_TOKEN_FILE}]
+        volumes.append({"name": HF_TOKEN_VOLUME, "secret": {"secretName": secret.name, "items": items}})
     return volumes
 
 
@@ -530,6 +533,11 @@ def _replica_pod_template(resource: MooncakeServing, set_selector: dict[str, str
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": HF_CACHE_VOLUME, "mountPath": HF_HOME},
             *etcd_ca_mounts(resource),
+            *(
+                [{"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}]
+                if spec.model.hf_token_secret_ref is not None
+                else []
+            ),
         ],
     }
     security = replica_security_context(spec)
@@ -561,6 +569,9 @@ POLICY_V1 = "policy/v1"
 POLICY_V1BETA1 = "policy/v1beta1"
 POLICY_API_VERSIONS = (POLICY_V1, POLICY_V1BETA1)
 RDMA_DEVICES_VOLUME = "rdma-devices"
+HF_TOKEN_VOLUME = "hf-token"
+HF_TOKEN_DIR = "/etc/mooncake/hf-token"
+HF_TOKEN_FILE = "token"
 RDMA_DEVICES_PATH = "/dev/infiniband"
 # `ulimit -l unlimited` raises the memlock hard limit (needs CAP_SYS_RESOURCE), then the engine replaces
 # the shell; the engine's argv follows as "$0" "$@", unchanged and unquoted by any shell.
