@@ -90,6 +90,7 @@ class Runtime:
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
         metrics.count_requests(lambda: dict(kube.counts.by_verb))
+        metrics.leading.set(1)  # a standby waits for the Lease before it gets here
         runtime = cls(
             settings=settings,
             kube=kube,
@@ -233,9 +234,7 @@ class _StatusWriter:
             self.resource_version = (written.get("metadata") or {}).get("resourceVersion")
         self.current, self.wire = new, new_wire
         ready = find(new.conditions, READY)
-        self.runtime.metrics.ready.labels(self.namespace, self.name).set(
-            1 if ready and ready.status == "True" else 0
-        )
+        self.runtime.metrics.record_status(self.namespace, self.name, new)
         if standing.phase != previous.phase or (
             standing.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
         ):
@@ -317,6 +316,9 @@ class _Pass:
         except ImmutableChangeError as error:
             return await self.state.invalid(error.problems)
         except ApplyError as error:
+            self.runtime.metrics.apply_failed(
+                self.namespace, self.resource.metadata.name, error.kind, error.error.status
+            )
             logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
             return await self.state.apply_failed(str(error), self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
@@ -414,7 +416,7 @@ class _Pass:
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
-        async with self.runtime.canary_slots:
+        async with self.runtime.metrics.canary_slot(self.runtime.canary_slots):
             result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
@@ -423,9 +425,5 @@ class _Pass:
         metrics.canary_duration.observe(result.wall_s)
         metrics.canary_runs.labels(verdict=verdict.value).inc()
         canary = proof.canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
-        if canary.external_hit_tokens is not None:
-            metrics.external_hit_tokens.labels(self.namespace, serving.metadata.name).set(
-                canary.external_hit_tokens
-            )
         blamed = proof.blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
         return plan.CanaryRun(canary, tuple(blamed))
