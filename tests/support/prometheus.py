@@ -23,9 +23,6 @@ import yaml
 from tests.support.apiserver import cache_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-RULES_FILE = REPO_ROOT / "monitoring" / "rules.yaml"
-RULE_TESTS_FILE = REPO_ROOT / "monitoring" / "rules.test.yaml"
-DASHBOARD_FILE = REPO_ROOT / "charts" / "mooncake-operator" / "dashboards" / "mooncake-operator.json"
 
 
 def binary(name: str) -> Path:
@@ -76,17 +73,6 @@ class PrometheusServer:
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
-
-
-def scrape_config(job: str, target: str, *, honor_labels: bool, interval: str = "1s") -> dict[str, Any]:
-    return {
-        "job_name": job,
-        "honor_labels": honor_labels,
-        "scrape_interval": interval,
-        "scrape_timeout": interval,
-        "metrics_path": "/metrics",
-        "static_configs": [{"targets": [target], "labels": {"namespace": "mooncake-system"}}],
-    }
 
 
 @contextlib.contextmanager
