@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from tests.cluster.operator_harness import (
     FakeKubelet,
     operator_settings,
@@ -86,6 +87,18 @@ async def until(probe: Any, *, within: float, what: str) -> Any:
     raise AssertionError(f"timed out after {within:g}s waiting for {what}; last: {last!r}")
 
 
+def user_traffic(urls: list[str]) -> None:
+    messages = [{"role": "user", "content": "What does the store hold? " * 40}]
+    for url in urls:
+        answer = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={"model": "MiniMaxAI/MiniMax-M2.5", "messages": messages, "max_tokens": 8},
+            timeout=10,
+            trust_env=False,
+        )
+        assert answer.status_code == 200, answer.text
+
+
 def dashboard_queries() -> list[tuple[str, str]]:
     dashboard = json.loads(DASHBOARD.read_text())
     return [
@@ -143,6 +156,9 @@ async def test_prometheus_scrapes_the_operator_loads_the_rules_and_sees_the_fail
                 return health if len(health) == 3 and set(health) == {"up"} else None
 
             await until(targets_up, within=20, what="the operator and both replicas scraped")
+            # Users' requests, now that Prometheus has seen the counters before them: the hit ratio's rate
+            # needs a rise between two scrapes.
+            await asyncio.to_thread(user_traffic, list(fakes.urls))
 
             # The rules load: every group, every rule healthy.
             groups = prometheus.get("/api/v1/rules")["groups"]
