@@ -161,9 +161,15 @@ async def test_prometheus_scrapes_the_operator_loads_the_rules_and_sees_the_fail
             await asyncio.to_thread(user_traffic, list(fakes.urls))
 
             # The rules load: every group, every rule healthy.
-            groups = prometheus.get("/api/v1/rules")["groups"]
+            def rules_healthy() -> list[dict[str, Any]] | None:  # "unknown" until first evaluated
+                groups: list[dict[str, Any]] = prometheus.get("/api/v1/rules")["groups"]
+                healthy = all(rule["health"] == "ok" for group in groups for rule in group["rules"])
+                return groups if groups and healthy else None
+
+            groups = await until(rules_healthy, within=20, what="every rule evaluated without error")
             assert {group["file"] for group in groups} == {str(RULES)}
-            assert all(rule["health"] == "ok" for group in groups for rule in group["rules"])
+            loaded = {rule["name"] for group in groups for rule in group["rules"]}
+            assert {"MooncakeCanaryFailed", "MooncakeOperatorNotLeading"} <= loaded
 
             failed = 'mooncake_operator_canary_verdict{verdict="Failed", name="demo"} == 1'
             verdicts = await until(lambda: prometheus.query(failed), within=20, what="the failed verdict")
