@@ -27,7 +27,7 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.chart import SERVICE_MONITOR_API, only, render
 from tests.support.fake_vllm import FakeCluster, Mode
-from tests.support.prometheus import PrometheusServer, free_port, running_prometheus
+from tests.support.prometheus import PrometheusServer, free_port, promtool, running_prometheus
 
 from mooncake_operator.kube import KubeClient
 
@@ -97,6 +97,10 @@ def user_traffic(urls: list[str]) -> None:
             trust_env=False,
         )
         assert answer.status_code == 200, answer.text
+
+
+def metrics_page(port: int) -> str:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -195,6 +199,12 @@ async def test_prometheus_scrapes_the_operator_loads_the_rules_and_sees_the_fail
             assert (alert["labels"]["namespace"], alert["labels"]["name"]) == (namespace, "demo")
             assert alert["labels"]["severity"] == "critical"
             assert not alert_states(prometheus, "MooncakeOperatorNotLeading")
+
+            # The running operator's own page passes promtool's lint.
+            page = await asyncio.to_thread(metrics_page, port)
+            assert 'mooncake_operator_canary_cause{cause="answer_mismatch"' in page
+            checked = promtool("check", "metrics", stdin=page)
+            assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
 
             # Every dashboard query: valid here, and returning series unless this scenario has none.
             await until(
