@@ -368,7 +368,7 @@ def test_service_monitor_is_off_by_default_and_scrapes_the_metrics_service(
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s"}
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "5s", "honorLabels": True}
     ]
     assert monitor["metadata"]["labels"]["release"] == "prom"
 

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from mooncake_operator import api, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, MooncakeServingStatus
 from mooncake_operator.canary import run_canary
-from mooncake_operator.canary.models import Verdict
+from mooncake_operator.canary.models import CanaryResult, Verdict
 from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
@@ -100,6 +100,7 @@ class Runtime:
         http = httpx.AsyncClient(trust_env=False)
         metrics = OperatorMetrics()
         metrics.count_requests(lambda: dict(kube.counts.by_verb))
+        metrics.leading.set(1)  # a standby waits for the Lease before it gets here
         runtime = cls(
             settings=settings,
             kube=kube,
@@ -245,9 +246,7 @@ class _StatusWriter:
             self.resource_version = (written.get("metadata") or {}).get("resourceVersion")
         self.current, self.wire = new, new_wire
         ready = find(new.conditions, READY)
-        self.runtime.metrics.ready.labels(self.namespace, self.name).set(
-            1 if ready and ready.status == "True" else 0
-        )
+        self.runtime.metrics.record_status(self.namespace, self.name, new)
         if standing.phase != previous.phase or (
             standing.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
         ):
@@ -333,6 +332,9 @@ class _Pass:
         except ImmutableChangeError as error:
             return await self.state.invalid(error.problems)
         except ApplyError as error:
+            self.runtime.metrics.apply_failed(
+                self.namespace, self.resource.metadata.name, error.kind, error.error.status
+            )
             logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
             return await self.state.apply_failed(str(error), self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
@@ -434,9 +436,13 @@ class _Pass:
         for note in lowered:
             logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
         deadline = self.settings.canary_run_deadline_seconds
-        result = await self.runtime.canary_slots.run(
-            self.namespace, deadline, lambda: run_canary(config, client=self.runtime.http)
-        )
+        with self.runtime.metrics.canary_queue() as started:
+
+            async def run_in_slot() -> CanaryResult:
+                started()
+                return await run_canary(config, client=self.runtime.http)
+
+            result = await self.runtime.canary_slots.run(self.namespace, deadline, run_in_slot)
         if result is None:
             why = (
                 f"the canary run did not finish within the operator's {deadline:g} s deadline "
@@ -451,9 +457,5 @@ class _Pass:
         metrics.canary_duration.observe(result.wall_s)
         metrics.canary_runs.labels(verdict=verdict.value).inc()
         canary = proof.canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
-        if canary.external_hit_tokens is not None:
-            metrics.external_hit_tokens.labels(self.namespace, serving.metadata.name).set(
-                canary.external_hit_tokens
-            )
         blamed = proof.blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
         return plan.CanaryRun(canary, tuple(blamed))
