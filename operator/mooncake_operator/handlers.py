@@ -53,8 +53,8 @@ def build_registry(
             await runtime.close()
 
     @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection_info(operator_settings.kube_config())
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return await connection_info(operator_settings.kube_config())
 
     # Level-based: the worker reconciles on every change the watches report (spec, annotations,
     # children, pods) and on its timers; no change handler, so kopf writes no diff-base annotations.

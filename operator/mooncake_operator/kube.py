@@ -18,16 +18,19 @@ import os
 import ssl
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 import yaml
 
 from mooncake_operator import safe_yaml
+
+if TYPE_CHECKING:
+    from mooncake_operator.kube_exec import ExecCredentials
 
 Manifest = dict[str, Any]
 ManifestList = list[Manifest]
@@ -97,6 +100,8 @@ class KubeConfig:
     client_key_data: bytes | None = field(default=None, repr=False)
     insecure_skip_tls_verify: bool = False
     namespace: str | None = None
+    # A kubeconfig user's exec plugin: runs on demand, caches its token (shared by copies of this config).
+    exec_credentials: ExecCredentials | None = field(default=None, compare=False)
 
     @classmethod
     def in_cluster(
@@ -123,19 +128,12 @@ class KubeConfig:
 
     @classmethod
     def from_kubeconfig(cls, path: Path | None = None, context: str | None = None) -> KubeConfig:
-        """Reads a kubeconfig (default: $KUBECONFIG's first file, else ~/.kube/config)."""
-        path = path or default_kubeconfig_path()
-        try:
-            document = safe_yaml.load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as error:
-            raise KubeConfigError(f"kubeconfig {path} not found") from error
-        except UnicodeDecodeError as error:
-            raise KubeConfigError(f"kubeconfig {path} is not UTF-8 text: {error}") from error
-        except yaml.YAMLError as error:
-            raise KubeConfigError(f"kubeconfig {path} is not valid YAML: {error}") from error
-        if not isinstance(document, dict):
-            raise KubeConfigError(f"kubeconfig {path} is not a mapping")
-        return kubeconfig_to_config(document, base_dir=path.parent, context=context, source=str(path))
+        """Reads a kubeconfig: `path`, else every file $KUBECONFIG lists, merged the way kubectl merges
+        them, else ~/.kube/config."""
+        if path is not None:
+            return Kubeconfigs.load([path], required=True).config(context)
+        listed = kubeconfig_paths()
+        return Kubeconfigs.load(listed, required=not os.environ.get("KUBECONFIG")).config(context)
 
     @classmethod
     def load_default(cls) -> KubeConfig:
@@ -144,10 +142,25 @@ class KubeConfig:
             return cls.in_cluster()
         return cls.from_kubeconfig()
 
+    @property
+    def in_cluster_config(self) -> bool:
+        """Whether this is a pod's own service account (so the cluster's network is at hand)."""
+        return self.token_path is not None and self.token_path.parent == IN_CLUSTER_DIR
+
     def current_token(self) -> str | None:
+        """The static token (token, tokenFile, service account). An exec plugin's is `await bearer()`."""
+        if self.exec_credentials is not None:
+            raise KubeConfigError("this configuration gets its token from an exec plugin: await bearer()")
         if self.token_path is not None:
             return self.token_path.read_text().strip()
         return self.token
+
+    async def bearer(self) -> tuple[str | None, datetime | None]:
+        """The token to send now and when it expires (None: no known expiry)."""
+        if self.exec_credentials is not None:
+            credential = await self.exec_credentials.get()
+            return credential.token, credential.expires
+        return self.current_token(), None
 
     def ssl_context(self) -> ssl.SSLContext:
         if self.insecure_skip_tls_verify:
@@ -165,60 +178,169 @@ class KubeConfig:
         return context
 
 
+def kubeconfig_paths() -> list[Path]:
+    """The files $KUBECONFIG lists (in order, each once), else ~/.kube/config."""
+    listed = [Path(p) for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    unique = list(dict.fromkeys(listed))
+    return unique or [Path.home() / ".kube" / "config"]
+
+
 def default_kubeconfig_path() -> Path:
-    listed = os.environ.get("KUBECONFIG", "")
-    first = next((p for p in listed.split(os.pathsep) if p), None)
-    return Path(first) if first else Path.home() / ".kube" / "config"
+    return kubeconfig_paths()[0]
 
 
-def _named(entries: Any, name: str, what: str, source: str) -> Mapping[str, Any]:
-    for entry in entries or []:
-        if isinstance(entry, dict) and entry.get("name") == name:
-            body = entry.get(what)
-            if isinstance(body, dict):
-                return body
-    raise KubeConfigError(f"{source}: no {what} named {name!r}")
+@dataclass(frozen=True)
+class _Named:
+    body: Mapping[str, Any]
+    base_dir: Path  # relative paths in an entry are relative to the file that defines it
+    source: str
+
+
+@dataclass
+class Kubeconfigs:
+    """One or more kubeconfig files merged as kubectl merges a KUBECONFIG list: the first file that
+    names a cluster, user or context wins; current-context comes from the first file that sets one."""
+
+    clusters: dict[str, _Named] = field(default_factory=dict)
+    users: dict[str, _Named] = field(default_factory=dict)
+    contexts: dict[str, _Named] = field(default_factory=dict)
+    current_context: str | None = None
+    sources: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, paths: Iterable[Path], *, required: bool) -> Kubeconfigs:
+        """`required`: every file must exist (an explicit --kubeconfig); otherwise missing files of a
+        list are skipped, as kubectl does, but at least one must exist."""
+        merged = cls()
+        paths = list(paths)
+        for path in paths:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except FileNotFoundError as error:
+                if required:
+                    raise KubeConfigError(f"kubeconfig {path} not found") from error
+                continue
+            except UnicodeDecodeError as error:
+                raise KubeConfigError(f"kubeconfig {path} is not UTF-8 text: {error}") from error
+            try:
+                document = safe_yaml.load(text)
+            except yaml.YAMLError as error:
+                raise KubeConfigError(f"kubeconfig {path} is not valid YAML: {error}") from error
+            if document is None:
+                continue  # an empty file, as kubectl accepts
+            if not isinstance(document, dict):
+                raise KubeConfigError(f"kubeconfig {path} is not a mapping")
+            merged.add(document, base_dir=path.parent, source=str(path))
+        if not merged.sources:
+            raise KubeConfigError(
+                f"no kubeconfig found: none of {', '.join(map(str, paths))} exists "
+                "(set KUBECONFIG or pass --kubeconfig)"
+            )
+        return merged
+
+    def add(self, document: Mapping[str, Any], *, base_dir: Path, source: str) -> None:
+        self.sources.append(source)
+        for key, table, what in (
+            ("clusters", self.clusters, "cluster"),
+            ("users", self.users, "user"),
+            ("contexts", self.contexts, "context"),
+        ):
+            entries = document.get(key) or []
+            if not isinstance(entries, list):
+                raise KubeConfigError(f"{source}: {key} must be a list")
+            for entry in entries:
+                if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                    raise KubeConfigError(f"{source}: each of {key} needs a name")
+                body = entry.get(what)
+                if entry["name"] not in table:
+                    table[entry["name"]] = _Named(body if isinstance(body, dict) else {}, base_dir, source)
+        if self.current_context is None and document.get("current-context"):
+            self.current_context = str(document["current-context"])
+
+    @property
+    def source(self) -> str:
+        return self.sources[0] if len(self.sources) == 1 else "kubeconfig (" + ", ".join(self.sources) + ")"
+
+    def _get(self, table: Mapping[str, _Named], name: str, what: str) -> _Named:
+        if name not in table:
+            raise KubeConfigError(f"{self.source}: no {what} named {name!r}")
+        return table[name]
+
+    def config(self, context: str | None = None) -> KubeConfig:
+        """The `KubeConfig` of `context` (default: current-context)."""
+        context_name = context or self.current_context
+        if not context_name:
+            raise KubeConfigError(f"{self.source}: no current-context set and no context given")
+        ctx = self._get(self.contexts, context_name, "context").body
+        cluster_entry = self._get(self.clusters, str(ctx.get("cluster", "")), "cluster")
+        cluster = cluster_entry.body
+        user_entry = self._get(self.users, str(ctx["user"]), "user") if ctx.get("user") else None
+        user = user_entry.body if user_entry is not None else {}
+        source = user_entry.source if user_entry is not None else cluster_entry.source
+        if "auth-provider" in user:
+            provider = (user.get("auth-provider") or {}).get("name", "")
+            raise KubeConfigError(
+                f"{source}: user auth-provider {provider!r} is not supported (kubectl dropped it too): "
+                "use the exec plugin that replaced it (gke-gcloud-auth-plugin on GKE, kubelogin on AKS "
+                "and for OIDC), or a token or client certificate"
+            )
+        if "username" in user:
+            raise KubeConfigError(
+                f"{source}: user auth ['username'] (basic auth) is not supported; use a token, a client "
+                "certificate or an exec plugin"
+            )
+        if not cluster.get("server"):
+            raise KubeConfigError(f"{cluster_entry.source}: cluster {ctx.get('cluster')!r} has no server")
+
+        def path_of(value: str | None, base_dir: Path) -> Path | None:
+            return None if value is None else base_dir / Path(value).expanduser()
+
+        def data_of(value: str | None) -> bytes | None:
+            return None if value is None else base64.b64decode(value)
+
+        user_dir = user_entry.base_dir if user_entry is not None else cluster_entry.base_dir
+        ca_path = path_of(cluster.get("certificate-authority"), cluster_entry.base_dir)
+        ca_data = data_of(cluster.get("certificate-authority-data"))
+        exec_credentials = None
+        if "exec" in user:
+            from mooncake_operator.kube_exec import ExecCredentials, ExecPlugin
+
+            if ca_data is None and ca_path is not None and user["exec"].get("provideClusterInfo"):
+                try:
+                    plugin_ca: bytes | None = ca_path.read_bytes()
+                except OSError as error:
+                    raise KubeConfigError(f"{cluster_entry.source}: cannot read {ca_path}: {error}") from None
+            else:
+                plugin_ca = ca_data
+            plugin = ExecPlugin.parse(
+                user["exec"], base_dir=user_dir, cluster=cluster, ca_data=plugin_ca, source=source
+            )
+            exec_credentials = ExecCredentials(plugin)
+        token = user.get("token")
+        token_file = path_of(user.get("tokenFile"), user_dir) if token is None else None
+        return KubeConfig(
+            server=str(cluster["server"]).rstrip("/"),
+            token=token,
+            token_path=token_file,
+            ca_path=ca_path,
+            ca_data=ca_data,
+            client_cert_path=path_of(user.get("client-certificate"), user_dir),
+            client_key_path=path_of(user.get("client-key"), user_dir),
+            client_cert_data=data_of(user.get("client-certificate-data")),
+            client_key_data=data_of(user.get("client-key-data")),
+            insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
+            namespace=ctx.get("namespace"),
+            exec_credentials=exec_credentials,
+        )
 
 
 def kubeconfig_to_config(
     document: Mapping[str, Any], *, base_dir: Path, context: str | None = None, source: str = "kubeconfig"
 ) -> KubeConfig:
     """Resolves a kubeconfig document's context into a `KubeConfig` (paths relative to base_dir)."""
-    context_name = context or document.get("current-context")
-    if not context_name:
-        raise KubeConfigError(f"{source}: no current-context set and no context given")
-    ctx = _named(document.get("contexts"), context_name, "context", source)
-    cluster = _named(document.get("clusters"), ctx.get("cluster", ""), "cluster", source)
-    user = _named(document.get("users"), ctx.get("user", ""), "user", source) if ctx.get("user") else {}
-    unsupported = sorted({"exec", "auth-provider", "username"} & set(user))
-    if unsupported:
-        raise KubeConfigError(
-            f"{source}: user auth {unsupported} is not supported; use a token or client certificate"
-        )
-    if not cluster.get("server"):
-        raise KubeConfigError(f"{source}: cluster {ctx.get('cluster')!r} has no server")
-
-    def path_of(value: str | None) -> Path | None:
-        return None if value is None else base_dir / Path(value).expanduser()
-
-    def data_of(value: str | None) -> bytes | None:
-        return None if value is None else base64.b64decode(value)
-
-    token = user.get("token")
-    token_file = path_of(user.get("tokenFile")) if token is None else None
-    return KubeConfig(
-        server=str(cluster["server"]).rstrip("/"),
-        token=token,
-        token_path=token_file,
-        ca_path=path_of(cluster.get("certificate-authority")),
-        ca_data=data_of(cluster.get("certificate-authority-data")),
-        client_cert_path=path_of(user.get("client-certificate")),
-        client_key_path=path_of(user.get("client-key")),
-        client_cert_data=data_of(user.get("client-certificate-data")),
-        client_key_data=data_of(user.get("client-key-data")),
-        insecure_skip_tls_verify=bool(cluster.get("insecure-skip-tls-verify", False)),
-        namespace=ctx.get("namespace"),
-    )
+    merged = Kubeconfigs()
+    merged.add(document, base_dir=base_dir, source=source)
+    return merged.config(context)
 
 
 @contextlib.contextmanager
@@ -276,6 +398,9 @@ KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = _kinds(
     ResourceKind("policy/v1beta1", "PodDisruptionBudget", "poddisruptionbudgets", namespaced=True),
     ResourceKind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", namespaced=True),
     ResourceKind("coordination.k8s.io/v1", "Lease", "leases", namespaced=True),
+    ResourceKind(
+        "authorization.k8s.io/v1", "SelfSubjectAccessReview", "selfsubjectaccessreviews", namespaced=False
+    ),
     ResourceKind("rbac.authorization.k8s.io/v1", "Role", "roles", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", namespaced=True),
     ResourceKind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
@@ -350,15 +475,30 @@ class RequestCounts:
         )
 
 
-class _BearerAuth(httpx.Auth):
+class KubeAuth(httpx.Auth):
+    """Bearer token of a `KubeConfig` on every request. An exec plugin's token is fetched (cached) before
+    each request; when the API server answers 401 to it, the plugin runs once more and the request is
+    sent once more, as client-go does. A second 401 is the caller's answer."""
+
     def __init__(self, config: KubeConfig) -> None:
         self._config = config
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        token = self._config.current_token()
+        token = self._config.current_token()  # static tokens only: exec plugins run in async_auth_flow
         if token:
             request.headers["Authorization"] = f"Bearer {token}"
         yield request
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        token, _ = await self._config.bearer()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        response = yield request
+        plugin = self._config.exec_credentials
+        if response.status_code == 401 and plugin is not None and token:
+            fresh = await plugin.after_unauthorized(token)
+            request.headers["Authorization"] = f"Bearer {fresh.token}"
+            yield request
 
 
 def _error_from(response: httpx.Response) -> KubeApiError:
@@ -428,7 +568,7 @@ class KubeClient:
         self._http = httpx.AsyncClient(
             base_url=config.server,
             verify=config.ssl_context(),
-            auth=_BearerAuth(config),
+            auth=KubeAuth(config),
             # Requests wait for a slot in `_in_flight` (below), so the pool itself never queues.
             timeout=httpx.Timeout(timeout, pool=None),
             transport=transport,

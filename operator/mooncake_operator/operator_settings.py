@@ -217,18 +217,21 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.posting.level = logging.WARNING
 
 
-def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
-    """kopf's credentials from the same configuration the operator's own client uses."""
+async def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
+    """kopf's credentials from the same configuration the operator's own client uses. A token from an
+    exec plugin carries its expiry: kopf logs in again (the plugin runs again) before it lapses."""
+    token, expires = await config.bearer()
     return kopf.ConnectionInfo(
         server=config.server,
         ca_path=str(config.ca_path) if config.ca_path else None,
         ca_data=config.ca_data,
         insecure=config.insecure_skip_tls_verify or None,
-        token=config.current_token(),
-        scheme="Bearer" if config.current_token() else None,
+        token=token,
+        scheme="Bearer" if token else None,
         certificate_path=str(config.client_cert_path) if config.client_cert_path else None,
         certificate_data=config.client_cert_data,
         private_key_path=str(config.client_key_path) if config.client_key_path else None,
         private_key_data=config.client_key_data,
         default_namespace=config.namespace,
+        expiration=expires,
     )

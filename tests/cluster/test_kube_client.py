@@ -311,16 +311,16 @@ def test_in_cluster_config_outside_a_cluster_is_a_clear_error(tmp_path: Path) ->
         )
 
 
-def test_kubeconfig_with_exec_auth_is_refused_clearly(tmp_path: Path) -> None:
+def test_kubeconfig_with_basic_auth_is_refused_clearly(tmp_path: Path) -> None:
     document = {
         "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"exec": {"command": "aws"}}}],
+        "users": [{"name": "u", "user": {"username": "admin", "password": "x"}}],
         "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "x",
     }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(document))
-    with pytest.raises(KubeConfigError, match=r"\['exec'\] is not supported"):
+    with pytest.raises(KubeConfigError, match=r"\['username'\] \(basic auth\) is not supported"):
         KubeConfig.from_kubeconfig(path)
     with pytest.raises(KubeConfigError, match="no context named 'other'"):
         KubeConfig.from_kubeconfig(path, context="other")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -114,7 +115,9 @@ def test_kopf_settings() -> None:
 
 def test_connection_info_from_a_token_config(tmp_path: Path) -> None:
     ca = tmp_path / "ca.crt"
-    info = connection_info(KubeConfig(server="https://127.0.0.1:6443", token="t", ca_path=ca, namespace="ns"))
+    config = KubeConfig(server="https://127.0.0.1:6443", token="t", ca_path=ca, namespace="ns")
+    info = asyncio.run(connection_info(config))
+    assert info.expiration is None
     assert (info.server, info.token, info.scheme, info.ca_path, info.default_namespace) == (
         "https://127.0.0.1:6443",
         "t",
