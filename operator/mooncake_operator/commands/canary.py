@@ -13,7 +13,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from mooncake_operator import safe_yaml
-from mooncake_operator.api import MooncakeServing, describe_validation_error
+from mooncake_operator.api import describe_validation_error
 from mooncake_operator.canary import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_CHAT_BODY_BYTES,
@@ -27,8 +27,15 @@ from mooncake_operator.canary import (
     render_table,
     run_canary,
 )
+from mooncake_operator.commands.canary_proxy import (
+    ProxyAccessError,
+    check_proxy_access,
+    proxy_client,
+    proxy_urls,
+)
 from mooncake_operator.commands.canary_resource import (
     ResourceError,
+    ResourceRef,
     effective_result,
     fetch_serving,
     parse_ref,
@@ -37,6 +44,7 @@ from mooncake_operator.commands.canary_resource import (
 from mooncake_operator.commands.verdict_parser import VerdictCommandParser
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeConfig, KubeConfigError
+from mooncake_operator.render import replica_pod_names
 
 DESCRIPTION = """\
 For each ordered pair of replicas (writer, reader) the canary picks a fresh cache_salt, reads the
@@ -129,6 +137,12 @@ def register(subparsers: Any) -> None:
         "--context", metavar="NAME", help="with --resource: kubeconfig context (default: its current one)"
     )
     parser.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NAMESPACE",
+        help="with --resource NAME: its namespace (default: the kubeconfig context's, else default)",
+    )
+    parser.add_argument(
         "--request",
         type=Path,
         metavar="FILE",
@@ -205,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result = asyncio.run(_prove(args))
         output = render_json(result) + "\n" if args.json else render_table(result)
-    except (UsageError, ResourceError) as error:
+    except (UsageError, ResourceError, ProxyAccessError) as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
         return ExitCode.USAGE_OR_ENVIRONMENT
     except Exception:
@@ -224,27 +238,50 @@ async def _prove(args: argparse.Namespace) -> CanaryResult:
     if args.resource is None:
         return await run_canary(build_config(args))
     refuse_what_flags(args)
-    planned = resource_canary(await _fetch(args))
-    for note in planned.notes:
-        print(f"mooncake-operator canary: note: {note}", file=sys.stderr)
-    result = await run_canary(with_how_flags(planned.config, args))
+    try:
+        return await _prove_resource(args)
+    except KubeConfigError as error:  # also an exec plugin that fails while a request is made
+        raise UsageError(str(error)) from None
+    except OSError as error:  # a CA, certificate or token file that cannot be read
+        raise UsageError(f"API credentials: {error}") from None
+
+
+async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
+    if args.kubeconfig is not None or args.context is not None:
+        kube_config = KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
+    else:
+        kube_config = KubeConfig.load_default()
+    ref = resource_ref(args.resource, args.namespace, kube_config.namespace)
+    async with KubeClient(kube_config, kinds=[SERVING_KIND]) as kube:
+        resource = await fetch_serving(kube, ref)
+        planned = resource_canary(resource)
+        for note in planned.notes:
+            print(f"mooncake-operator canary: note: {note}", file=sys.stderr)
+        config = with_how_flags(planned.config, args)
+        if kube_config.in_cluster_config:
+            result = await run_canary(config)  # inside the cluster: the replicas' own addresses
+        else:
+            await check_proxy_access(kube, ref.namespace)
+            pods = replica_pod_names(resource, planned.serving_set)
+            urls = proxy_urls(kube_config.server, ref.namespace, pods, resource.spec.engine.port)
+            print(
+                "mooncake-operator canary: note: outside the cluster: reaching the replicas through the "
+                f"API server's pods proxy ({', '.join(pods)})",
+                file=sys.stderr,
+            )
+            async with proxy_client(kube_config) as client:
+                result = await run_canary(CanaryConfig(**{**dict(config), "replicas": urls}), client=client)
     # The operator's reading of the run (requireExternalHit), so exit 0 means what its status would.
     return effective_result(result, require_external_hit=planned.require_external_hit)
 
 
-async def _fetch(args: argparse.Namespace) -> MooncakeServing:
-    try:
-        if args.kubeconfig is not None or args.context is not None:
-            kube_config = KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
-        else:
-            kube_config = KubeConfig.load_default()
-        ref = parse_ref(args.resource, kube_config.namespace)
-        async with KubeClient(kube_config, kinds=[SERVING_KIND]) as kube:
-            return await fetch_serving(kube, ref)
-    except KubeConfigError as error:
-        raise UsageError(str(error)) from None
-    except OSError as error:  # a CA, certificate or token file that cannot be read
-        raise UsageError(f"API credentials: {error}") from None
+def resource_ref(text: str, namespace_flag: str | None, kube_namespace: str | None) -> ResourceRef:
+    """--resource [NAMESPACE/]NAME with -n/--namespace, like kubectl: -n sets the namespace of a bare
+    NAME; NAMESPACE/ and a different -n together are a usage error."""
+    ref = parse_ref(text, namespace_flag or kube_namespace)
+    if namespace_flag and ref.namespace != namespace_flag:
+        raise UsageError(f"--resource {text!r} names namespace {ref.namespace} but -n says {namespace_flag}")
+    return ref
 
 
 # Flags that say WHAT to prove: with --resource its spec says it (one source of truth, the operator's).
@@ -301,6 +338,8 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     """The CanaryConfig the arguments describe; UsageError with every problem otherwise."""
     if args.kubeconfig is not None or args.context is not None:
         raise UsageError("--kubeconfig and --context only apply with --resource")
+    if args.namespace is not None:
+        raise UsageError("-n/--namespace only applies with --resource")
     if len(args.replica) < 2:
         raise UsageError("give at least two --replica URLs: one writes the prefix, another reads it")
     request = _load_request(args.request) if args.request else customer_request()
