@@ -5,5 +5,6 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export MOONCAKE_OPERATOR_CACHE="${MOONCAKE_OPERATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mooncake-operator}"
 DEV_VENV="$REPO_ROOT/.venv"
+ORACLE_VENV="$REPO_ROOT/.venv-oracle"
 log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }

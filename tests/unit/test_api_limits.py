@@ -60,7 +60,7 @@ def test_render_refuses_what_the_operator_would_mark_invalid(
 ) -> None:
     path = tmp_path / "mcs.yaml"
     path.write_text(yaml.safe_dump(example("spec.canary.expectations", [{"kind": "no_such_check"}])))
-    assert main(["render", "-f", str(path)]) == 2
+    assert main(["render", "-f", str(path)]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "spec.canary.expectations: 0: Input tag 'no_such_check'" in captured.err
@@ -100,5 +100,5 @@ def test_absurd_quantities_are_invalid_not_exceptions(path: str, value: Any, mes
 def test_absurd_quantities_do_not_crash_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "mcs.yaml"
     path.write_text(yaml.safe_dump(example("spec.store.globalSegmentSize", "9" * 5000 + "GB")))
-    assert main(["render", "-f", str(path)]) == 2
+    assert main(["render", "-f", str(path)]) == 3
     assert "too large" in capsys.readouterr().err

@@ -520,7 +520,7 @@ def test_chart_crds_are_the_generated_crds() -> None:
     root, chart = REPO_ROOT / "crds", CHART_DIR / "crds"
     root_files = sorted(p.name for p in root.glob("*.yaml"))
     chart_files = sorted(p.name for p in chart.glob("*.yaml"))
-    assert root_files, f"no CRDs in {root}: run mooncake-operator crd -o ."
+    assert root_files, f"no CRDs in {root}: run mooncake-operator crd --output-dir ."
     stale = [
         name
         for name in root_files

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -27,17 +28,37 @@ FORBIDDEN = {"$ref", "$defs", "anyOf", "oneOf", "allOf", "title", "const", "exam
 
 
 def test_committed_crd_matches_the_models() -> None:
-    assert COMMITTED.exists(), f"{COMMITTED} is missing: run `mooncake-operator crd --output crds`"
+    assert COMMITTED.exists(), f"{COMMITTED} is missing: run `mooncake-operator crd --output-dir crds`"
     assert COMMITTED.read_text(encoding="utf-8") == crd_yaml(), (
-        "crds/ drifted from mooncake_operator.api: run `mooncake-operator crd --output crds` and commit"
+        "crds/ drifted from mooncake_operator.api: run `mooncake-operator crd --output-dir crds` and commit"
     )
 
 
 def test_crd_command_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["crd", "--output", str(tmp_path / "out")]) == 0
+    assert main(["crd", "--output-dir", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / CRD_FILENAME).read_text(encoding="utf-8") == crd_yaml()
+    assert "deprecated" not in capsys.readouterr().err
     assert main(["crd"]) == 0
     assert capsys.readouterr().out == crd_yaml()
+
+
+def test_crd_output_takes_a_format_like_kubectl(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["crd", "-o", "yaml"]) == 0
+    assert capsys.readouterr().out == crd_yaml()
+    assert main(["crd", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == yaml.safe_load(crd_yaml())
+
+
+def test_the_old_output_dir_spelling_still_works_with_a_deprecation_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["crd", "--output", str(tmp_path / "old")]) == 0
+    assert (tmp_path / "old" / CRD_FILENAME).read_text(encoding="utf-8") == crd_yaml()
+    assert f"deprecated: -o/--output DIR; write --output-dir {tmp_path / 'old'}" in capsys.readouterr().err
+    assert main(["crd", "-o", "xml", "--output-dir", str(tmp_path / "x")]) == 3
+    assert "-o 'xml' is not a format (yaml, json)" in capsys.readouterr().err
+    assert main(["crd", "-o", "json", "--output-dir", str(tmp_path / "x")]) == 3
+    assert "not both" in capsys.readouterr().err
 
 
 def test_crd_is_one_plain_yaml_document() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -454,10 +455,19 @@ def test_a_kubeconfig_list_without_any_existing_file_says_so(
 # --------------------------------------------------------------------------- the kubernetes package as oracle
 
 
-def test_the_kubernetes_package_reads_the_same_server_ca_and_token(tmp_path: Path) -> None:
-    from kubernetes import client as k8s_client  # dev extra only: a test oracle
-    from kubernetes import config as k8s_config
+ORACLE_PYTHON = Path(__file__).resolve().parents[2] / ".venv-oracle" / "bin" / "python"
+# Run in the oracle venv (scripts/bootstrap): the kubernetes client reads the kubeconfig, runs the plugin.
+ORACLE = """
+import json, sys
+from kubernetes import client, config
+c = client.Configuration()
+config.load_kube_config(config_file=sys.argv[1], client_configuration=c)
+print(json.dumps({"host": c.host, "ca": open(c.ssl_ca_cert).read(), "token": c.api_key["BearerToken"]}))
+"""
 
+
+def test_the_kubernetes_package_reads_the_same_server_ca_and_token(tmp_path: Path) -> None:
+    assert ORACLE_PYTHON.exists(), "the kubeconfig oracle venv is missing: run scripts/bootstrap"
     folder = tmp_path / "kube"
     (folder / "bin").mkdir(parents=True)
     write_plugin(folder / "bin", EXEC_V1BETA1)
@@ -478,9 +488,11 @@ def test_the_kubernetes_package_reads_the_same_server_ca_and_token(tmp_path: Pat
 
     ours = KubeConfig.from_kubeconfig(path)
     token, _ = asyncio.run(ours.bearer())
-    theirs = k8s_client.Configuration()
-    k8s_config.load_kube_config(config_file=str(path), client_configuration=theirs)
-    assert ours.server == theirs.host.rstrip("/")
-    assert ours.ca_data == Path(theirs.ssl_ca_cert).read_bytes()
-    assert f"Bearer {token}" == theirs.api_key["BearerToken"] == "Bearer k8s-aws-v1.abc"
-    assert ours.namespace == "team"
+    oracle = subprocess.run(
+        [str(ORACLE_PYTHON), "-c", ORACLE, str(path)], capture_output=True, text=True, timeout=60, check=True
+    )
+    theirs = json.loads(oracle.stdout)
+    assert ours.server == theirs["host"].rstrip("/")
+    assert ours.ca_data == theirs["ca"].encode()
+    assert f"Bearer {token}" == theirs["token"] == "Bearer k8s-aws-v1.abc"
+    assert len(runs(tmp_path / "state")) == 2  # each ran the plugin itself

@@ -471,14 +471,14 @@ def test_render_command_rejects_bad_input_printing_nothing(
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(content, encoding="utf-8")
-    assert main(["render", "-f", str(path)]) == 2
+    assert main(["render", "-f", str(path)]) == 3
     captured = capsys.readouterr()
     assert captured.out == ""
     assert message in captured.err
 
 
 def test_render_command_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["render", "-f", str(tmp_path / "absent.yaml")]) == 2
+    assert main(["render", "-f", str(tmp_path / "absent.yaml")]) == 3
     captured = capsys.readouterr()
     assert captured.out == "" and "absent.yaml" in captured.err
 

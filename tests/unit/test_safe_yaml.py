@@ -93,7 +93,7 @@ def test_render_refuses_the_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[s
     path = tmp_path / "bomb.yaml"
     path.write_text("apiVersion: serving.mooncake-operator.dev/v1alpha1\nkind: MooncakeServing\n" + BOMB)
     started = time.perf_counter()
-    assert main(["render", "-f", str(path)]) == 2
+    assert main(["render", "-f", str(path)]) == 3
     assert time.perf_counter() - started < 2
     assert "expands through its aliases" in capsys.readouterr().err
 

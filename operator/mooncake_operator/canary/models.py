@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from mooncake_operator import exit_codes
 from mooncake_operator.canary.expectations import Expectation
 from mooncake_operator.canary.request import customer_expectations, customer_request
 
@@ -40,16 +41,16 @@ class ErrorKind(StrEnum):
 
 
 class ExitCode:
-    """Exit statuses of `mooncake-operator canary` and `mooncake-operator sandbox`, one meaning each."""
+    """Exit statuses of `mooncake-operator canary` and `sandbox`: the CLI's one table (exit_codes)."""
 
-    PASSED = 0
-    FAILED = 1  # a wrong or missing answer: a finding about the replicas
-    INCONCLUSIVE = 2  # the answers may be fine, but the warm path was not proven
+    PASSED = exit_codes.SUCCESS
+    FAILED = exit_codes.FAILED  # a wrong or missing answer: a finding about the replicas
+    INCONCLUSIVE = exit_codes.INCONCLUSIVE  # the answers may be fine, but the warm path was not proven
     # Nothing could be judged: bad arguments or input files, an unreachable replica, a sandbox set-up error.
-    USAGE_OR_ENVIRONMENT = 3
-    INTERNAL_ERROR = 70  # a defect of mooncake-operator itself (sysexits' EX_SOFTWARE); never a verdict
-    INTERRUPTED = 130  # 128 + SIGINT, as shells report it
-    TERMINATED = 143  # 128 + SIGTERM
+    USAGE_OR_ENVIRONMENT = exit_codes.USAGE
+    INTERNAL_ERROR = exit_codes.INTERNAL_ERROR
+    INTERRUPTED = exit_codes.INTERRUPTED
+    TERMINATED = exit_codes.TERMINATED
 
 
 class _Model(BaseModel):

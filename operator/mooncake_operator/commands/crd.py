@@ -1,30 +1,65 @@
-"""`mooncake-operator crd`: write (or print) the MooncakeServing CRD generated from the API models."""
+"""`mooncake-operator crd`: print (or write) the MooncakeServing CRD generated from the API models."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from mooncake_operator.crd import crd_yaml, write_crd
+from mooncake_operator import exit_codes
+
+FORMATS = ("yaml", "json")
+
+DESCRIPTION = """\
+Print the CRD to stdout (-o yaml, the default, or -o json), or write it as
+serving.mooncake-operator.dev_mooncakeservings.yaml into a directory with --output-dir DIR (the
+repository's copy: --output-dir crds).
+
+-o/--output takes a FORMAT, as with kubectl. The old spelling, -o DIR / --output DIR, still writes into
+the directory, with a deprecation note; it will be removed."""
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "crd",
         help="generate the MooncakeServing CustomResourceDefinition from the API models",
-        description="Write the CRD as serving.mooncake-operator.dev_mooncakeservings.yaml into the "
-        "directory --output (the repository's copy: --output crds), or print it to stdout without --output.",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--output", "-o", type=Path, metavar="DIR", help="directory to write the CRD into")
+    parser.add_argument("-o", "--output", metavar="FORMAT", help="yaml (default) or json, printed to stdout")
+    parser.add_argument("--output-dir", type=Path, metavar="DIR", help="directory to write the CRD into")
     parser.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.output is None:
+    from mooncake_operator.crd import crd_yaml, custom_resource_definition, write_crd
+
+    directory: Path | None = args.output_dir
+    output_format = args.output
+    if output_format is not None and output_format not in FORMATS:
+        if directory is not None:
+            print(
+                f"mooncake-operator crd: -o {output_format!r} is not a format ({', '.join(FORMATS)})",
+                file=sys.stderr,
+            )
+            return exit_codes.USAGE
+        print(
+            f"mooncake-operator crd: deprecated: -o/--output DIR; write --output-dir {output_format} "
+            "(-o now takes a format: yaml or json)",
+            file=sys.stderr,
+        )
+        directory, output_format = Path(output_format), None
+    if directory is not None:
+        if output_format is not None:
+            print("mooncake-operator crd: give -o FORMAT or --output-dir DIR, not both", file=sys.stderr)
+            return exit_codes.USAGE
+        path = write_crd(directory)
+        print(f"wrote {path}", file=sys.stderr)
+        return exit_codes.SUCCESS
+    if output_format == "json":
+        sys.stdout.write(json.dumps(custom_resource_definition(), indent=2) + "\n")
+    else:
         sys.stdout.write(crd_yaml())
-        return 0
-    path = write_crd(args.output)
-    print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return exit_codes.SUCCESS

@@ -1,29 +1,45 @@
-"""`mooncake-operator render -f FILE`: print a MooncakeServing's child manifests as a YAML stream."""
+"""`mooncake-operator render -f FILE`: print a MooncakeServing's child manifests as a YAML stream.
+
+Imports its dependencies when it runs (the CLI lists every command without importing it)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
+from mooncake_operator import exit_codes
 
-from mooncake_operator import safe_yaml
-from mooncake_operator.api import InvalidResourceError, MooncakeServing, parse_resource
-from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE, Manifest, render_all, to_yaml_stream
+# The render module (pydantic models) is imported only when the command runs; its default is repeated
+# here for --help, and a unit test keeps the two equal.
+DEFAULT_OPERATOR_NAMESPACE = "mooncake-system"
 
-EXIT_INVALID = 2
+if TYPE_CHECKING:
+    from mooncake_operator.api import MooncakeServing
+
+DESCRIPTION = """\
+Validate MooncakeServing resources and print every child object as a YAML stream. Nothing is
+printed unless every resource in FILE is valid (exit 3 otherwise).
+
+-n/--namespace works as with kubectl apply: it sets the namespace of resources that name none, and a
+resource that names another namespace is an error."""
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "render",
         help="print the Kubernetes manifests a MooncakeServing becomes (for review and GitOps)",
-        description="Validate MooncakeServing resources and print every child object as a YAML stream. "
-        "Nothing is printed unless every resource in FILE is valid (exit 2 otherwise).",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-f", "--filename", required=True, metavar="FILE", help="YAML file, or - for stdin")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        metavar="NAMESPACE",
+        help="namespace of resources that name none (default: default)",
+    )
     parser.add_argument(
         "--owner-uid",
         metavar="UID",
@@ -46,8 +62,13 @@ def _read(filename: str) -> str:
     return Path(filename).read_text(encoding="utf-8")
 
 
-def load_resources(text: str, source: str) -> list[MooncakeServing]:
-    """Every MooncakeServing document in `text`, all validated; raises ValueError naming each problem."""
+def load_resources(text: str, source: str, namespace: str | None = None) -> list[MooncakeServing]:
+    """Every MooncakeServing document in `text`, all validated; raises ValueError naming each problem.
+
+    `namespace` is given to documents without one; a document in another namespace is a problem."""
+    from mooncake_operator import safe_yaml
+    from mooncake_operator.api import InvalidResourceError, parse_resource
+
     documents = [doc for doc in safe_yaml.load_all(text) if doc is not None]
     if not documents:
         raise ValueError(f"{source}: no MooncakeServing found (the file is empty)")
@@ -57,6 +78,17 @@ def load_resources(text: str, source: str) -> list[MooncakeServing]:
         if not isinstance(document, dict):
             problems.append(f"{where}: expected a MooncakeServing mapping, found {type(document).__name__}")
             continue
+        if namespace is not None:
+            metadata = document.get("metadata")
+            if isinstance(metadata, dict):
+                named = metadata.get("namespace")
+                if named is not None and named != namespace:
+                    problems.append(
+                        f"{where}: metadata.namespace is {named!r} but -n says {namespace!r} "
+                        "(remove one, or make them agree)"
+                    )
+                    continue
+                document = {**document, "metadata": {**metadata, "namespace": namespace}}
         try:
             resources.append(parse_resource(document))
         except InvalidResourceError as error:
@@ -67,16 +99,20 @@ def load_resources(text: str, source: str) -> list[MooncakeServing]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from mooncake_operator.render import Manifest, render_all, to_yaml_stream
+
     source = "<stdin>" if args.filename == "-" else args.filename
     try:
-        resources = load_resources(_read(args.filename), source)
+        resources = load_resources(_read(args.filename), source, args.namespace)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError) as error:
         print(f"mooncake-operator render: {error}", file=sys.stderr)
-        return EXIT_INVALID
+        return exit_codes.USAGE
     manifests: list[Manifest] = []
     for resource in resources:
         manifests += render_all(
             resource, owner_uid=args.owner_uid, operator_namespace=args.operator_namespace
         )
     sys.stdout.write(to_yaml_stream(manifests))
-    return 0
+    return exit_codes.SUCCESS

@@ -14,6 +14,7 @@ from typing import Any
 import kopf
 from kopf._core.engines.peering import Identity  # the type of kopf.run's identity (not re-exported)
 
+from mooncake_operator import exit_codes
 from mooncake_operator.handlers import build_registry
 from mooncake_operator.kube import KubeClient, KubeConfigError
 from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings, default_identity
@@ -245,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         settings.kube_config()  # fail now, with the reason, rather than inside kopf's login loop
     except (SettingsError, KubeConfigError) as error:
         print(f"mooncake-operator run: {error}", file=sys.stderr)
-        return 2
+        return exit_codes.USAGE
     kopf.configure(debug=args.debug, quiet=args.quiet)
     # One INFO line per API request (httpx's default) buries the operator's own lines.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.debug else logging.WARNING)

@@ -1,4 +1,4 @@
-"""The argument parser of the commands whose exit status is a verdict (`canary`, `sandbox`)."""
+"""The argument parser of every command: usage errors exit 3 (exit_codes.USAGE), never argparse's 2."""
 
 from __future__ import annotations
 
@@ -7,15 +7,15 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from mooncake_operator.canary.models import ExitCode
+from mooncake_operator import exit_codes
 
 
 class VerdictCommandParser(argparse.ArgumentParser):
-    """Usage errors exit 3 (ExitCode.USAGE_OR_ENVIRONMENT): argparse's usual 2 means Inconclusive here."""
+    """Usage errors exit 3 (exit_codes.USAGE): argparse's usual 2 means Inconclusive for canary/sandbox."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(ExitCode.USAGE_OR_ENVIRONMENT, f"{self.prog}: error: {message}\n")
+        self.exit(exit_codes.USAGE, f"{self.prog}: error: {message}\n")
 
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
