@@ -73,6 +73,9 @@ def test_help_and_the_light_commands_import_only_what_they_need() -> None:
             [sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True
         )
         assert done.stderr.strip() == "[]", (argv, done.stderr)
+    # canary needs its models, but kopf only to prove a --resource (the operator's own canary config).
+    done = subprocess.run([sys.executable, "-c", probe, "canary", "--help"], capture_output=True, text=True)
+    assert "kopf" not in done.stderr and "mooncake_operator.api" in done.stderr, done.stderr
 
 
 def test_render_namespace_sets_it_and_refuses_another(

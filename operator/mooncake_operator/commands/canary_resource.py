@@ -16,7 +16,6 @@ from mooncake_operator import api, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing
 from mooncake_operator.canary import CanaryConfig, CanaryResult
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeTransportError
-from mooncake_operator.reconcile import proof
 
 DEFAULT_NAMESPACE = "default"
 
@@ -64,6 +63,8 @@ class ResourceCanary:
 
 def resource_canary(resource: MooncakeServing) -> ResourceCanary:
     """The run that proves `resource`'s serving set, exactly as the operator configures its canary."""
+    from mooncake_operator.reconcile import proof  # imports kopf: only when a resource is proven
+
     set_name = serving_set(resource)
     urls = render.replica_urls(resource, set_name)
     try:
@@ -90,6 +91,8 @@ def resource_canary(resource: MooncakeServing) -> ResourceCanary:
 def effective_result(result: CanaryResult, *, require_external_hit: bool) -> CanaryResult:
     """The result with the verdict the operator would record (proof.effective_verdict), so the report
     and the exit status say what the operator's status would."""
+    from mooncake_operator.reconcile import proof
+
     verdict = proof.effective_verdict(result, require_external_hit=require_external_hit)
     if verdict is result.verdict:
         return result
