@@ -40,8 +40,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = VerdictCommandParser(
         prog="mooncake-operator",
         description=(
-            "Deploy vLLM replicas that share a Mooncake KV store, with the Eagle load_mask fix, "
-            "and prove with a warm/cold canary that externally loaded prefixes give the same answers."
+            "Deploy vLLM replicas that share a Mooncake KV store, with the Eagle load_mask fix, and prove\n"
+            "with a warm/cold canary that externally loaded prefixes give the same answers."
         ),
         epilog=exit_codes.TABLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
