@@ -207,6 +207,13 @@ class ExecCredentials:
             assert self._cached is not None
             return self._cached
 
+    async def refresh(self) -> ExecCredential:
+        """A fresh credential, whatever the cache holds: kopf logs in only when it has none that works
+        (its first login, an expiry, or a 401 it saw), so a cached token may be the one refused."""
+        async with self._lock():
+            self._cached = await self._run()
+            return self._cached
+
     async def after_unauthorized(self, sent_token: str) -> ExecCredential:
         """The API server refused `sent_token` (401): a fresh credential, unless another request
         already got one since (then that one)."""

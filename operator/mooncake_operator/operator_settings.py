@@ -219,8 +219,15 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
 
 async def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
     """kopf's credentials from the same configuration the operator's own client uses. A token from an
-    exec plugin carries its expiry: kopf logs in again (the plugin runs again) before it lapses."""
-    token, expires = await config.bearer()
+    exec plugin carries its expiry: kopf logs in again (the plugin runs again) before it lapses. kopf
+    logs in only when it holds no working credentials, so an exec plugin always runs afresh here (a
+    cached token may be the one the API server just refused)."""
+    token: str | None
+    if config.exec_credentials is not None:
+        credential = await config.exec_credentials.refresh()
+        token, expires = credential.token, credential.expires
+    else:
+        token, expires = await config.bearer()
     return kopf.ConnectionInfo(
         server=config.server,
         ca_path=str(config.ca_path) if config.ca_path else None,

@@ -392,6 +392,9 @@ def test_kopf_login_gets_the_plugins_token_and_its_expiry(tmp_path: Path) -> Non
     info = asyncio.run(connection_info(config))
     assert (info.token, info.scheme, info.default_namespace) == ("tok-1", "Bearer", "team")
     assert info.expiration == datetime(2030, 1, 1, 0, 15, tzinfo=UTC)
+    # kopf logs in again only without working credentials (expired, or refused with 401): a fresh run.
+    assert asyncio.run(connection_info(config)).token == "tok-2"
+    assert asyncio.run(config.bearer())[0] == "tok-2"  # the operator's own client shares the cache
 
 
 # --------------------------------------------------------------------------- KUBECONFIG lists
