@@ -8,6 +8,7 @@ validator here, so an invalid resource is rejected whole before anything is rend
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -374,6 +375,33 @@ class CacheClaimTemplate(ApiModel):
         return self
 
 
+def multus_network_namespaces(value: str) -> list[str]:
+    """The namespaces named in a Multus networks annotation value (`[ns/]name[@iface]`, comma-separated,
+    or a JSON list of objects with an optional `namespace`); raises ValueError when it is neither."""
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            entries = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"store.rdma.networks is not a valid JSON list: {error}") from error
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise ValueError("store.rdma.networks: a JSON value must be a list of objects")
+        namespaces = []
+        for entry in entries:
+            namespace = entry.get("namespace")
+            if namespace is not None:
+                if not isinstance(namespace, str):
+                    raise ValueError("store.rdma.networks: a namespace must be a string")
+                namespaces.append(namespace)
+        return namespaces
+    namespaces = []
+    for entry in text.split(","):
+        namespace, slash, _ = entry.strip().partition("/")
+        if slash:
+            namespaces.append(namespace)
+    return namespaces
+
+
 class RdmaSpec(ApiModel):
     """What an RDMA-capable replica pod needs (store.protocol rdma)."""
 
@@ -420,6 +448,8 @@ class RdmaSpec(ApiModel):
             raise ValueError(
                 "store.rdma.networks (Multus) has no effect with store.rdma.hostNetwork: set one of them"
             )
+        if self.networks is not None:
+            multus_network_namespaces(self.networks)  # its syntax; the namespaces are checked with metadata
         if self.resource_name is not None and self.resource_name == GPU_RESOURCE:
             raise ValueError(f"store.rdma.resourceName must not be {GPU_RESOURCE}")
         return self
@@ -1277,6 +1307,20 @@ class MooncakeServing(ApiModel):
     metadata: ObjectMeta
     spec: MooncakeServingSpec
     status: MooncakeServingStatus | None = None
+
+    @model_validator(mode="after")
+    def _networks_in_own_namespace(self) -> MooncakeServing:
+        rdma = self.spec.store.rdma
+        if rdma is None or rdma.networks is None:
+            return self
+        for namespace in multus_network_namespaces(rdma.networks):
+            if namespace != self.metadata.namespace:
+                raise ValueError(
+                    f"spec.store.rdma.networks: the network attachment in namespace {namespace!r} is not "
+                    f"in this resource's namespace {self.metadata.namespace!r}: name attachments of this "
+                    "namespace only (another tenant's networks are not this resource's to join)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _host_network_not_co_located(self) -> MooncakeServing:

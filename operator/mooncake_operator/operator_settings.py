@@ -77,6 +77,10 @@ class OperatorSettings:
     # Ceiling on spec.canary.timeoutSeconds (one request), and the deadline of a whole run.
     canary_max_timeout_seconds: int = 600
     canary_run_deadline_seconds: float = 3600.0
+    # What a resource's pods may ask of the node: a privileged replica (store.rdma.hostDevices) and the
+    # node's network (store.rdma.hostNetwork) are off unless the cluster's administrator allows them.
+    allow_privileged_engines: bool = False
+    allow_host_network: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -137,6 +141,27 @@ class OperatorSettings:
         else:
             updates = dict(lowered)
         return (config.model_copy(update=updates) if updates else config), notes
+
+    def refused_options(self, spec: api.MooncakeServingSpec) -> list[str]:
+        """A line per node-level option `spec` asks for that this operator does not allow (nothing is
+        applied for such a resource)."""
+        rdma = spec.store.rdma
+        if rdma is None:
+            return []
+        problems = []
+        if rdma.host_devices and not self.allow_privileged_engines:
+            problems.append(
+                "spec.store.rdma.hostDevices needs a privileged replica container, which this operator "
+                "does not allow (--allow-privileged-engines, chart value operator.allowPrivilegedEngines): "
+                "use store.rdma.resourceName (the RDMA device plugin) or ask the cluster's administrator"
+            )
+        if rdma.host_network and not self.allow_host_network:
+            problems.append(
+                "spec.store.rdma.hostNetwork puts replicas on the node's network, which this operator does "
+                "not allow (--allow-host-network, chart value operator.allowHostNetwork): use "
+                "store.rdma.networks (Multus) or ask the cluster's administrator"
+            )
+        return problems
 
     def kube_config(self) -> KubeConfig:
         """Explicit credentials, else the given kubeconfig, else in-cluster or the default kubeconfig."""

@@ -133,6 +133,18 @@ def register(subparsers: Any) -> None:
         "(default: 3600)",
     )
     parser.add_argument(
+        "--allow-privileged-engines",
+        action="store_true",
+        help="allow store.rdma.hostDevices (a privileged replica container); without it such a resource "
+        "is Invalid and nothing is applied",
+    )
+    parser.add_argument(
+        "--allow-host-network",
+        action="store_true",
+        help="allow store.rdma.hostNetwork (replicas on the node's network); without it such a resource "
+        "is Invalid and nothing is applied",
+    )
+    parser.add_argument(
         "--operator-namespace",
         metavar="NS",
         help="the namespace this operator's pods run in: the resources' NetworkPolicies admit the operator "
@@ -226,6 +238,8 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         max_concurrent_canaries_per_namespace=args.max_concurrent_canaries_per_namespace,
         canary_max_timeout_seconds=args.canary_max_timeout_seconds,
         canary_run_deadline_seconds=args.canary_run_deadline_seconds,
+        allow_privileged_engines=args.allow_privileged_engines,
+        allow_host_network=args.allow_host_network,
         leader_check_seconds=args.leader_check_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,

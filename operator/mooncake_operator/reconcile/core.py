@@ -195,6 +195,9 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
         resource = api.parse_resource({**body, "status": None})
     except InvalidResourceError as error:
         return await state.invalid(error.problems)
+    refused = runtime.settings.refused_options(resource.spec)
+    if refused:
+        return await state.invalid(refused)
     return await _Pass(runtime, body, resource, state).run()
 
 
