@@ -477,6 +477,38 @@ class NetworkPolicyPeer(ApiModel):
         return self
 
 
+class NetworkPolicyPort(ApiModel):
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    port: int = Field(ge=1, le=65535)
+
+
+class EgressRule(ApiModel):
+    """networking.k8s.io/v1 NetworkPolicyEgressRule: to these peers, on these ports (unset: any)."""
+
+    to: list[NetworkPolicyPeer] = Field(min_length=1)
+    ports: list[NetworkPolicyPort] | None = Field(default=None, min_length=1)
+
+
+class EgressSpec(ApiModel):
+    """Where the replicas may connect (set: nowhere else)."""
+
+    dns: list[NetworkPolicyPeer] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The cluster's DNS servers (port 53, UDP and TCP). Unset: pods labelled k8s-app=kube-dns in "
+            "namespace kube-system."
+        ),
+    )
+    to: list[EgressRule] = Field(
+        default_factory=list,
+        description=(
+            "More destinations: a model hub or mirror, an external etcd, a tracing collector. The store's "
+            "peers (this resource's replicas), its masters and a managed etcd are always allowed."
+        ),
+    )
+
+
 class NetworkPolicySpec(ApiModel):
     enabled: bool = Field(default=True, description="Render the NetworkPolicies of master and replicas.")
     operator: NetworkPolicyPeer | None = Field(
@@ -487,7 +519,18 @@ class NetworkPolicySpec(ApiModel):
         ),
     )
     clients: list[NetworkPolicyPeer] | None = Field(
-        default=None, description="Who may call the replicas' HTTP port; unset: anyone."
+        default=None,
+        description=(
+            "Who may call the replicas' HTTP port, besides the operator. Unset: anyone, or only the "
+            "operator where it runs with --replica-ingress-default=listed-clients."
+        ),
+    )
+    egress: EgressSpec | None = Field(
+        default=None,
+        description=(
+            "Restrict the replicas' egress to DNS, the store (replicas, masters, managed etcd) and "
+            "egress.to. Unset: egress is not restricted."
+        ),
     )
     metrics_scrapers: list[NetworkPolicyPeer] = Field(
         default_factory=list,

@@ -11,7 +11,13 @@ import yaml
 
 from mooncake_operator import safe_yaml
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, parse_resource
-from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE, Manifest, render_all, to_yaml_stream
+from mooncake_operator.render import (
+    DEFAULT_OPERATOR_NAMESPACE,
+    REPLICA_INGRESS_DEFAULTS,
+    Manifest,
+    render_all,
+    to_yaml_stream,
+)
 
 EXIT_INVALID = 2
 
@@ -36,6 +42,13 @@ def register(subparsers: Any) -> None:
         metavar="NS",
         help="the namespace the operator runs in: the only one whose operator pods the NetworkPolicies admit "
         f"(default: {DEFAULT_OPERATOR_NAMESPACE}, where docs/install.md installs it)",
+    )
+    parser.add_argument(
+        "--replica-ingress-default",
+        choices=REPLICA_INGRESS_DEFAULTS,
+        default="anyone",
+        help="as `run --replica-ingress-default`: who may call the replicas' HTTP port when "
+        "spec.networkPolicy.clients is unset (default: anyone)",
     )
     parser.set_defaults(func=_run)
 
@@ -76,7 +89,10 @@ def _run(args: argparse.Namespace) -> int:
     manifests: list[Manifest] = []
     for resource in resources:
         manifests += render_all(
-            resource, owner_uid=args.owner_uid, operator_namespace=args.operator_namespace
+            resource,
+            owner_uid=args.owner_uid,
+            operator_namespace=args.operator_namespace,
+            open_http_by_default=args.replica_ingress_default == "anyone",
         )
     sys.stdout.write(to_yaml_stream(manifests))
     return 0

@@ -330,6 +330,7 @@ class _Pass:
             policy_api_version=policy,
             replica_set=sets.active,
             operator_namespace=self.settings.operator_namespace,
+            open_http_by_default=self.settings.open_http_by_default,
         )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
