@@ -391,10 +391,17 @@ def headless_service(resource: MooncakeServing, *, owner_uid: str | None) -> Man
             "clusterIP": "None",
             # Every replica stays addressable by name, ready or not, so the canary can reach each one.
             "publishNotReadyAddresses": True,
-            "selector": selector(resource, COMPONENT_REPLICA),
+            "selector": service_selector(resource),
             "ports": [_http_service_port(resource)],
         },
     }
+
+
+def service_selector(resource: MooncakeServing) -> dict[str, str]:
+    """The replica Services' selector: with the managed-by label the operator's watch selects by, so a
+    pod it does not see (one with only the instance, component and traffic labels) gets no traffic and
+    no per-replica DNS record. Unlike a StatefulSet's, a Service's selector may change."""
+    return {**selector(resource, COMPONENT_REPLICA), LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
@@ -407,7 +414,7 @@ def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manif
         ),
         "spec": {
             "type": "ClusterIP",
-            "selector": {**selector(resource, COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_ON},
+            "selector": {**service_selector(resource), TRAFFIC_LABEL: TRAFFIC_ON},
             "ports": [_http_service_port(resource)],
         },
     }

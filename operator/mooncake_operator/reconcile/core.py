@@ -408,7 +408,9 @@ class _Pass:
                 self.resource.metadata.name,
                 ", ".join(decision.remove_sets),
             )
-            await remove_replica_sets(self.kube, self.runtime.cache, self.namespace, decision.remove_sets)
+            await remove_replica_sets(
+                self.kube, self.runtime.cache, self.namespace, decision.remove_sets, self.uid
+            )
 
     def replica_urls(self, serving: MooncakeServing, replica_set: str) -> list[str] | str:
         """The canary's URLs, or why there are none to use. Mapped URLs (an operator outside the
