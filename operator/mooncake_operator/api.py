@@ -8,6 +8,7 @@ validator here, so an invalid resource is rejected whole before anything is rend
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -374,6 +375,33 @@ class CacheClaimTemplate(ApiModel):
         return self
 
 
+def multus_network_namespaces(value: str) -> list[str]:
+    """The namespaces named in a Multus networks annotation value (`[ns/]name[@iface]`, comma-separated,
+    or a JSON list of objects with an optional `namespace`); raises ValueError when it is neither."""
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            entries = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"store.rdma.networks is not a valid JSON list: {error}") from error
+        if not isinstance(entries, list) or not all(isinstance(entry, dict) for entry in entries):
+            raise ValueError("store.rdma.networks: a JSON value must be a list of objects")
+        namespaces = []
+        for entry in entries:
+            namespace = entry.get("namespace")
+            if namespace is not None:
+                if not isinstance(namespace, str):
+                    raise ValueError("store.rdma.networks: a namespace must be a string")
+                namespaces.append(namespace)
+        return namespaces
+    namespaces = []
+    for entry in text.split(","):
+        namespace, slash, _ = entry.strip().partition("/")
+        if slash:
+            namespaces.append(namespace)
+    return namespaces
+
+
 class RdmaSpec(ApiModel):
     """What an RDMA-capable replica pod needs (store.protocol rdma)."""
 
@@ -420,6 +448,8 @@ class RdmaSpec(ApiModel):
             raise ValueError(
                 "store.rdma.networks (Multus) has no effect with store.rdma.hostNetwork: set one of them"
             )
+        if self.networks is not None:
+            multus_network_namespaces(self.networks)  # its syntax; the namespaces are checked with metadata
         if self.resource_name is not None and self.resource_name == GPU_RESOURCE:
             raise ValueError(f"store.rdma.resourceName must not be {GPU_RESOURCE}")
         return self
@@ -447,6 +477,38 @@ class NetworkPolicyPeer(ApiModel):
         return self
 
 
+class NetworkPolicyPort(ApiModel):
+    protocol: Literal["TCP", "UDP", "SCTP"] = "TCP"
+    port: int = Field(ge=1, le=65535)
+
+
+class EgressRule(ApiModel):
+    """networking.k8s.io/v1 NetworkPolicyEgressRule: to these peers, on these ports (unset: any)."""
+
+    to: list[NetworkPolicyPeer] = Field(min_length=1)
+    ports: list[NetworkPolicyPort] | None = Field(default=None, min_length=1)
+
+
+class EgressSpec(ApiModel):
+    """Where the replicas may connect (set: nowhere else)."""
+
+    dns: list[NetworkPolicyPeer] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "The cluster's DNS servers (port 53, UDP and TCP). Unset: pods labelled k8s-app=kube-dns in "
+            "namespace kube-system."
+        ),
+    )
+    to: list[EgressRule] = Field(
+        default_factory=list,
+        description=(
+            "More destinations: a model hub or mirror, an external etcd, a tracing collector. The store's "
+            "peers (this resource's replicas), its masters and a managed etcd are always allowed."
+        ),
+    )
+
+
 class NetworkPolicySpec(ApiModel):
     enabled: bool = Field(default=True, description="Render the NetworkPolicies of master and replicas.")
     operator: NetworkPolicyPeer | None = Field(
@@ -457,7 +519,18 @@ class NetworkPolicySpec(ApiModel):
         ),
     )
     clients: list[NetworkPolicyPeer] | None = Field(
-        default=None, description="Who may call the replicas' HTTP port; unset: anyone."
+        default=None,
+        description=(
+            "Who may call the replicas' HTTP port, besides the operator. Unset: anyone, or only the "
+            "operator where it runs with --replica-ingress-default=listed-clients."
+        ),
+    )
+    egress: EgressSpec | None = Field(
+        default=None,
+        description=(
+            "Restrict the replicas' egress to DNS, the store (replicas, masters, managed etcd) and "
+            "egress.to. Unset: egress is not restricted."
+        ),
     )
     metrics_scrapers: list[NetworkPolicyPeer] = Field(
         default_factory=list,
@@ -1277,6 +1350,20 @@ class MooncakeServing(ApiModel):
     metadata: ObjectMeta
     spec: MooncakeServingSpec
     status: MooncakeServingStatus | None = None
+
+    @model_validator(mode="after")
+    def _networks_in_own_namespace(self) -> MooncakeServing:
+        rdma = self.spec.store.rdma
+        if rdma is None or rdma.networks is None:
+            return self
+        for namespace in multus_network_namespaces(rdma.networks):
+            if namespace != self.metadata.namespace:
+                raise ValueError(
+                    f"spec.store.rdma.networks: the network attachment in namespace {namespace!r} is not "
+                    f"in this resource's namespace {self.metadata.namespace!r}: name attachments of this "
+                    "namespace only (another tenant's networks are not this resource's to join)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _host_network_not_co_located(self) -> MooncakeServing:

@@ -831,9 +831,17 @@ class KubeClient:
         *,
         propagation_policy: str = "Background",
         missing_ok: bool = False,
+        uid: str | None = None,
     ) -> None:
+        """`uid`: delete only that object (a precondition: another one of the same name is a 409)."""
         path = resource_path(self.kind(api_version, kind), namespace=namespace, name=name)
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation_policy}
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": propagation_policy,
+        }
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self._request("delete", "DELETE", path, body=body)
         except KubeApiError as error:

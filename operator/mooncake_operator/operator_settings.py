@@ -25,7 +25,7 @@ from mooncake_operator.canary.models import (
     normalize_base_url,
 )
 from mooncake_operator.kube import KubeConfig
-from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE, REPLICA_INGRESS_DEFAULTS
 
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
@@ -77,6 +77,14 @@ class OperatorSettings:
     # Ceiling on spec.canary.timeoutSeconds (one request), and the deadline of a whole run.
     canary_max_timeout_seconds: int = 600
     canary_run_deadline_seconds: float = 3600.0
+    # What a resource's pods may ask of the node: a privileged replica (store.rdma.hostDevices) and the
+    # node's network (store.rdma.hostNetwork) are off unless the cluster's administrator allows them.
+    allow_privileged_engines: bool = False
+    allow_host_network: bool = False
+    # Who may call the replicas' HTTP port of a resource that lists no spec.networkPolicy.clients:
+    # "anyone" (the default, so existing client Services keep working) or "listed-clients" (the operator
+    # only until the resource lists its clients: deny by default, for clusters shared by tenants).
+    replica_ingress_default: str = "anyone"
 
     def __post_init__(self) -> None:
         for name in (
@@ -100,6 +108,11 @@ class OperatorSettings:
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
+        if self.replica_ingress_default not in REPLICA_INGRESS_DEFAULTS:
+            raise SettingsError(
+                f"replica-ingress-default must be one of {', '.join(REPLICA_INGRESS_DEFAULTS)}, "
+                f"not {self.replica_ingress_default!r}"
+            )
         if not _NAMESPACE_RE.fullmatch(self.operator_namespace):
             raise SettingsError(f"operator-namespace {self.operator_namespace!r} is not a namespace name")
         for name in ("canary_max_chat_body_bytes", "canary_max_metrics_body_bytes"):
@@ -137,6 +150,31 @@ class OperatorSettings:
         else:
             updates = dict(lowered)
         return (config.model_copy(update=updates) if updates else config), notes
+
+    def refused_options(self, spec: api.MooncakeServingSpec) -> list[str]:
+        """A line per node-level option `spec` asks for that this operator does not allow (nothing is
+        applied for such a resource)."""
+        rdma = spec.store.rdma
+        if rdma is None:
+            return []
+        problems = []
+        if rdma.host_devices and not self.allow_privileged_engines:
+            problems.append(
+                "spec.store.rdma.hostDevices needs a privileged replica container, which this operator "
+                "does not allow (--allow-privileged-engines, chart value operator.allowPrivilegedEngines): "
+                "use store.rdma.resourceName (the RDMA device plugin) or ask the cluster's administrator"
+            )
+        if rdma.host_network and not self.allow_host_network:
+            problems.append(
+                "spec.store.rdma.hostNetwork puts replicas on the node's network, which this operator does "
+                "not allow (--allow-host-network, chart value operator.allowHostNetwork): use "
+                "store.rdma.networks (Multus) or ask the cluster's administrator"
+            )
+        return problems
+
+    @property
+    def open_http_by_default(self) -> bool:
+        return self.replica_ingress_default == "anyone"
 
     def kube_config(self) -> KubeConfig:
         """Explicit credentials, else the given kubeconfig, else in-cluster or the default kubeconfig."""

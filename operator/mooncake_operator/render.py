@@ -391,10 +391,17 @@ def headless_service(resource: MooncakeServing, *, owner_uid: str | None) -> Man
             "clusterIP": "None",
             # Every replica stays addressable by name, ready or not, so the canary can reach each one.
             "publishNotReadyAddresses": True,
-            "selector": selector(resource, COMPONENT_REPLICA),
+            "selector": service_selector(resource),
             "ports": [_http_service_port(resource)],
         },
     }
+
+
+def service_selector(resource: MooncakeServing) -> dict[str, str]:
+    """The replica Services' selector: with the managed-by label the operator's watch selects by, so a
+    pod it does not see (one with only the instance, component and traffic labels) gets no traffic and
+    no per-replica DNS record. Unlike a StatefulSet's, a Service's selector may change."""
+    return {**selector(resource, COMPONENT_REPLICA), LABEL_MANAGED_BY: MANAGED_BY}
 
 
 def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
@@ -407,7 +414,7 @@ def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manif
         ),
         "spec": {
             "type": "ClusterIP",
-            "selector": {**selector(resource, COMPONENT_REPLICA), TRAFFIC_LABEL: TRAFFIC_ON},
+            "selector": {**service_selector(resource), TRAFFIC_LABEL: TRAFFIC_ON},
             "ports": [_http_service_port(resource)],
         },
     }
@@ -1070,18 +1077,33 @@ def _peers(peers: list[NetworkPolicyPeer]) -> list[dict[str, Any]]:
     return [peer.to_wire() for peer in peers]
 
 
+# Who may call the replicas' HTTP port when a resource lists no clients (the operator's setting).
+REPLICA_INGRESS_DEFAULTS = ("anyone", "listed-clients")
+# Where the replicas resolve names when spec.networkPolicy.egress.dns is unset (kubeadm, most distributions).
+DEFAULT_DNS_PEER: dict[str, Any] = {
+    "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+}
+
+
 def network_policies(
-    resource: MooncakeServing, *, owner_uid: str | None, operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    resource: MooncakeServing,
+    *,
+    owner_uid: str | None,
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
+    open_http_by_default: bool = True,
 ) -> list[Manifest]:
     """Ingress of the master (RPC from this resource's replicas; with highly available masters, the
     operator on the metrics port for /health) and of the replicas (any port from each other: the store
     client's transfer port is picked at start-up; the HTTP port from the operator and the declared
-    clients, or from anyone when clients is unset). Pure: the operator's namespace is an argument.
+    clients; when clients is unset, from anyone if `open_http_by_default`, else from the operator only).
+    Pure: the operator's namespace and its ingress default are arguments.
 
     The master's metrics port also serves the pinned mooncake_master's admin API (`/api/v1/remove_all`,
     quotas, drains), so nobody but the operator is admitted to it: `metricsScrapers` are not (see
     docs/api.md). A managed etcd gets a third: its client port from this resource's masters and
-    replicas, its peer port from its own members. Egress is not restricted.
+    replicas, its peer port from its own members. The replicas' egress is restricted when
+    spec.networkPolicy.egress is set: DNS, the store's peers, masters and managed etcd, and egress.to.
     """
     spec = resource.spec
     policy = spec.network_policy
@@ -1097,25 +1119,53 @@ def network_policies(
     http_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
     if policy.clients is not None:
         http_rule["from"] = [operator, *_peers(policy.clients)]
+    elif not open_http_by_default:
+        http_rule["from"] = [operator]
     replica_rules = [{"from": [replicas_peer]}, http_rule]
+    managed_etcd = ha_enabled(resource) and master.high_availability.etcd.managed_or_default() is not None
 
-    def build(name: str, app: str, component: str, rules: list[dict[str, Any]]) -> Manifest:
+    def build(
+        name: str,
+        app: str,
+        component: str,
+        rules: list[dict[str, Any]],
+        egress: list[dict[str, Any]] | None = None,
+    ) -> Manifest:
+        policy_spec: dict[str, Any] = {
+            "podSelector": {"matchLabels": selector(resource, component)},
+            "policyTypes": ["Ingress"] if egress is None else ["Ingress", "Egress"],
+            "ingress": rules,
+        }
+        if egress is not None:
+            policy_spec["egress"] = egress
         return {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
             "metadata": object_meta(resource, name, labels(resource, app, component), owner_uid),
-            "spec": {
-                "podSelector": {"matchLabels": selector(resource, component)},
-                "policyTypes": ["Ingress"],
-                "ingress": rules,
-            },
+            "spec": policy_spec,
         }
+
+    replica_egress: list[dict[str, Any]] | None = None
+    if policy.egress is not None:
+        dns = _peers(policy.egress.dns) if policy.egress.dns is not None else [DEFAULT_DNS_PEER]
+        masters_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_MASTER)}}
+        replica_egress = [
+            {"to": dns, "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            {"to": [replicas_peer]},  # the store's transfers: a port each picks at start-up
+            {"to": [masters_peer], "ports": [{"protocol": "TCP", "port": master.rpc_port}]},
+        ]
+        if managed_etcd:  # the store clients follow the leader through etcd
+            etcd_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_ETCD)}}
+            replica_egress.append(
+                {"to": [etcd_peer], "ports": [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}]}
+            )
+        replica_egress += [rule.to_wire() for rule in policy.egress.to]
 
     policies = [
         build(names.master, "mooncake-master", COMPONENT_MASTER, master_rules),
-        build(names.replicas, "vllm", COMPONENT_REPLICA, replica_rules),
+        build(names.replicas, "vllm", COMPONENT_REPLICA, replica_rules, replica_egress),
     ]
-    if ha_enabled(resource) and spec.store.master.high_availability.etcd.managed_or_default() is not None:
+    if managed_etcd:
         # The managed etcd has no authentication: whoever reaches its client port can rewrite
         # master_view and send the store clients to a master of their choosing.
         masters_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_MASTER)}}
@@ -1135,6 +1185,7 @@ def render_all(
     policy_api_version: str = POLICY_V1,
     replica_set: str | None = None,
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
+    open_http_by_default: bool = True,
 ) -> list[Manifest]:
     """Every child object, in apply order: network policies first (so no pod starts unprotected),
     config and master, replicas next, services and the disruption budget for them.
@@ -1143,9 +1194,15 @@ def render_all(
     Kubernetes 1.21 on; the operator asks the API server which one it serves). `replica_set`: the
     replica StatefulSet rendered from this spec (a BlueGreen candidate's name); another set (the one
     serving during a BlueGreen rollout) is not rendered, so it is left as it runs. `operator_namespace`:
-    where the operator's pods run, the only namespace its NetworkPolicy peer admits."""
+    where the operator's pods run, the only namespace its NetworkPolicy peer admits.
+    `open_http_by_default`: whether the replicas' HTTP port admits anyone when no clients are listed."""
     return [
-        *network_policies(resource, owner_uid=owner_uid, operator_namespace=operator_namespace),
+        *network_policies(
+            resource,
+            owner_uid=owner_uid,
+            operator_namespace=operator_namespace,
+            open_http_by_default=open_http_by_default,
+        ),
         store_config_map(resource, owner_uid=owner_uid),
         *_master_children(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),

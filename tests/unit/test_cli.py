@@ -104,3 +104,4 @@ def test_renders_help_default_operator_namespace_is_the_builders() -> None:
     from mooncake_operator.commands import render as render_command
 
     assert render_command.DEFAULT_OPERATOR_NAMESPACE == render.DEFAULT_OPERATOR_NAMESPACE
+    assert render_command.REPLICA_INGRESS_DEFAULTS == render.REPLICA_INGRESS_DEFAULTS

@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from mooncake_operator import exit_codes
 
-# The render module (pydantic models) is imported only when the command runs; its default is repeated
+# The render module (pydantic models) is imported only when the command runs; its defaults are repeated
 # here for --help, and a unit test keeps the two equal.
 DEFAULT_OPERATOR_NAMESPACE = "mooncake-system"
+REPLICA_INGRESS_DEFAULTS = ("anyone", "listed-clients")
 
 if TYPE_CHECKING:
     from mooncake_operator.api import MooncakeServing
@@ -52,6 +53,13 @@ def register(subparsers: Any) -> None:
         metavar="NS",
         help="the namespace the operator runs in: the only one whose operator pods the NetworkPolicies admit "
         f"(default: {DEFAULT_OPERATOR_NAMESPACE}, where docs/install.md installs it)",
+    )
+    parser.add_argument(
+        "--replica-ingress-default",
+        choices=REPLICA_INGRESS_DEFAULTS,
+        default="anyone",
+        help="as `run --replica-ingress-default`: who may call the replicas' HTTP port when "
+        "spec.networkPolicy.clients is unset (default: anyone)",
     )
     parser.set_defaults(func=_run)
 
@@ -112,7 +120,10 @@ def _run(args: argparse.Namespace) -> int:
     manifests: list[Manifest] = []
     for resource in resources:
         manifests += render_all(
-            resource, owner_uid=args.owner_uid, operator_namespace=args.operator_namespace
+            resource,
+            owner_uid=args.owner_uid,
+            operator_namespace=args.operator_namespace,
+            open_http_by_default=args.replica_ingress_default == "anyone",
         )
     sys.stdout.write(to_yaml_stream(manifests))
     return exit_codes.SUCCESS

@@ -25,7 +25,7 @@ from mooncake_operator.operator_settings import (
     SettingsError,
     load_replica_endpoints,
 )
-from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE, REPLICA_INGRESS_DEFAULTS
 
 logger = logging.getLogger("mooncake_operator.run")
 
@@ -134,6 +134,26 @@ def register(subparsers: Any) -> None:
         "(default: 3600)",
     )
     parser.add_argument(
+        "--allow-privileged-engines",
+        action="store_true",
+        help="allow store.rdma.hostDevices (a privileged replica container); without it such a resource "
+        "is Invalid and nothing is applied",
+    )
+    parser.add_argument(
+        "--allow-host-network",
+        action="store_true",
+        help="allow store.rdma.hostNetwork (replicas on the node's network); without it such a resource "
+        "is Invalid and nothing is applied",
+    )
+    parser.add_argument(
+        "--replica-ingress-default",
+        choices=REPLICA_INGRESS_DEFAULTS,
+        default="anyone",
+        help="who may call the replicas' HTTP port of a resource that lists no "
+        "spec.networkPolicy.clients: anyone, or (listed-clients) only the operator until it lists them "
+        "(default: anyone)",
+    )
+    parser.add_argument(
         "--operator-namespace",
         metavar="NS",
         help="the namespace this operator's pods run in: the resources' NetworkPolicies admit the operator "
@@ -227,6 +247,9 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         max_concurrent_canaries_per_namespace=args.max_concurrent_canaries_per_namespace,
         canary_max_timeout_seconds=args.canary_max_timeout_seconds,
         canary_run_deadline_seconds=args.canary_run_deadline_seconds,
+        allow_privileged_engines=args.allow_privileged_engines,
+        allow_host_network=args.allow_host_network,
+        replica_ingress_default=args.replica_ingress_default,
         leader_check_seconds=args.leader_check_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,

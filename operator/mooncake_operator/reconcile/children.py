@@ -192,16 +192,29 @@ async def scale_down_retired(
     return scaled
 
 
+def controlled_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
+    """Whether `obj` carries the controller reference to the MooncakeServing with `owner_uid` (labels can
+    be set by anyone with edit rights in the namespace; the reference names one resource's UID)."""
+    return any(
+        ref.get("controller") is True and ref.get("kind") == api.KIND and ref.get("uid") == owner_uid
+        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
+    )
+
+
 async def remove_replica_sets(
-    kube: KubeClient, cache: WatchCache, namespace: str, names: Sequence[str]
+    kube: KubeClient, cache: WatchCache, namespace: str, names: Sequence[str], owner_uid: str
 ) -> None:
     """Delete replica StatefulSets the plan retired (an old BlueGreen set, a candidate no longer wanted);
-    the garbage collector then deletes their pods. Only sets found in the watch cache as this operator's
-    replica sets are deleted; each is forgotten at once, so the next pass does not count it as live."""
+    the garbage collector then deletes their pods. Only sets found in the watch cache as this resource's
+    replica sets (its controller reference, by UID) are deleted, and only that very object (the delete's
+    UID precondition); each is forgotten at once, so the next pass does not count it as live."""
     for name in names:
         live = cache.get("apps/v1", "StatefulSet", namespace, name)
-        labels = ((live or {}).get("metadata") or {}).get("labels") or {}
+        if live is None or not controlled_by(live, owner_uid):
+            continue
+        labels = (live.get("metadata") or {}).get("labels") or {}
         if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_COMPONENT) != COMPONENT_REPLICA:
             continue
-        await kube.delete("apps/v1", "StatefulSet", name, namespace, missing_ok=True)
+        uid = (live.get("metadata") or {}).get("uid")
+        await kube.delete("apps/v1", "StatefulSet", name, namespace, missing_ok=True, uid=uid)
         cache.forget("apps/v1", "StatefulSet", namespace, name)

@@ -196,6 +196,9 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
         resource = api.parse_resource({**body, "status": None})
     except InvalidResourceError as error:
         return await state.invalid(error.problems)
+    refused = runtime.settings.refused_options(resource.spec)
+    if refused:
+        return await state.invalid(refused)
     return await _Pass(runtime, body, resource, state).run()
 
 
@@ -326,6 +329,7 @@ class _Pass:
             policy_api_version=policy,
             replica_set=sets.active,
             operator_namespace=self.settings.operator_namespace,
+            open_http_by_default=self.settings.open_http_by_default,
         )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
@@ -406,7 +410,9 @@ class _Pass:
                 self.resource.metadata.name,
                 ", ".join(decision.remove_sets),
             )
-            await remove_replica_sets(self.kube, self.runtime.cache, self.namespace, decision.remove_sets)
+            await remove_replica_sets(
+                self.kube, self.runtime.cache, self.namespace, decision.remove_sets, self.uid
+            )
 
     def replica_urls(self, serving: MooncakeServing, replica_set: str) -> list[str] | str:
         """The canary's URLs, or why there are none to use. Mapped URLs (an operator outside the
