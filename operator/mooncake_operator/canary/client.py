@@ -180,7 +180,7 @@ async def scrape_counters(
     if response is None:
         assert exchange.error_kind is not None and exchange.error is not None
         raise CounterScrapeError(exchange.error_kind, exchange.error, latency_s=exchange.latency_s)
-    return parse_metrics_response(exchange.url, response, latency_s=exchange.latency_s)
+    return parse_metrics_response(exchange.url, response, latency_s=exchange.latency_s, model=model)
 
 
 def parse_chat_response(
