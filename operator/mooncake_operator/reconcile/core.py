@@ -423,6 +423,12 @@ class _Pass:
         metrics.canary_duration.observe(result.wall_s)
         metrics.canary_runs.labels(verdict=verdict.value).inc()
         canary = proof.canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
+        benign = proof.benign_divergence_message(result, pod_names)
+        if benign is not None:
+            # A pass over a divergence is never silent: the status holds it per pair, this says so.
+            await self.kube.create_event(
+                self.state.body, reason="CanaryBenignDivergence", message=benign, type="Normal"
+            )
         if canary.external_hit_tokens is not None:
             metrics.external_hit_tokens.labels(self.namespace, serving.metadata.name).set(
                 canary.external_hit_tokens
