@@ -66,7 +66,8 @@ mooncakeservings.serving.mooncake-operator.dev) and proves its serving replica s
 (status.rollout.servingSet, else NAME-replica) through its headless Service, with the operator's own
 config: request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the
 verdict is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to
-prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs) are
+prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
+--compare, --top-k, --max-tie-gap, --max-drift, --suite, --no-suite) are
 refused with it; the timeouts, caps, --retries and --json apply.
 """
 
