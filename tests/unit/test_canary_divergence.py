@@ -3,6 +3,7 @@ divergence (each rule, each malformed input)."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -10,7 +11,15 @@ import httpx
 import pytest
 from tests.support.fake_vllm import FakeCluster, answer_logprobs
 
-from mooncake_operator.canary import CanaryConfig, ChatAnswer, ErrorKind, Verdict, run_canary
+from mooncake_operator.canary import (
+    CanaryConfig,
+    ChatAnswer,
+    ErrorKind,
+    Verdict,
+    render_json,
+    render_table,
+    run_canary,
+)
 from mooncake_operator.canary.client import parse_chat_response
 from mooncake_operator.canary.divergence import LogprobsError, judge_divergence, parse_logprobs
 from mooncake_operator.canary.metrics import ModelSeriesError, parse_samples, select_model, store_counters
@@ -393,3 +402,50 @@ def test_suite_names_are_distinct_and_the_default_needs_a_block_size() -> None:
         CanaryConfig(replicas=["http://a:1", "http://b:1"], suite=[entry_, entry_])
     with pytest.raises(ValueError, match="the default suite needs block_size"):
         CanaryConfig(replicas=["http://a:1", "http://b:1"], suite="default")
+
+
+def _tie_at_the_end(choose: str, other: str, gap: float) -> Any:
+    """A payload filter: the answer's last token becomes `choose`, a near tie `gap` nat above `other`."""
+
+    def rewrite(payload: dict[str, Any]) -> dict[str, Any]:
+        choice = payload["choices"][0]
+        content = choice["logprobs"]["content"]
+        last = content[-1]
+        top = [{"token": choose, "logprob": -0.7}, {"token": other, "logprob": -0.7 - gap}]
+        content[-1] = {**last, "token": choose, "logprob": -0.7, "top_logprobs": top}
+        text = choice["message"]["content"]
+        choice["message"]["content"] = text[: -len(last["token"])] + choose
+        return payload
+
+    return rewrite
+
+
+PLAIN = {
+    "model": "MiniMaxAI/MiniMax-M2.5",
+    "messages": [{"role": "user", "content": "word " * 200}],
+    "max_tokens": 8,
+}
+
+
+@pytest.mark.parametrize(("gap", "verdict"), [(0.05, Verdict.PASSED), (0.5, Verdict.FAILED)])
+async def test_a_near_tie_on_fake_replicas_passes_reported_and_a_wide_one_fails(
+    gap: float, verdict: Verdict
+) -> None:
+    with FakeCluster.start(2) as cluster:
+        cluster[0].payload_filter = _tie_at_the_end(".", "!", gap)
+        cluster[1].payload_filter = _tie_at_the_end("!", ".", gap)
+        config = CanaryConfig(
+            replicas=cluster.urls, request=PLAIN, expectations=[], block_size=32, eagle=True, pairs="first"
+        )
+        result = await run_canary(config)
+    [pair] = result.pairs
+    assert pair.verdict is verdict, pair.reasons
+    assert pair.divergence is not None
+    assert (pair.divergence.cold_token, pair.divergence.warm_token) == (".", "!")
+    assert pair.divergence.cold_gap_nats == pytest.approx(gap)
+    table = render_table(result)
+    assert f"{pair.divergence.kind.value}@{pair.divergence.position} gap {gap:.3f}" in table
+    assert "divergence: " in table
+    assert json.loads(render_json(result))["pairs"][0]["divergence"]["kind"] == pair.divergence.kind.value
+    if verdict is Verdict.PASSED:
+        assert pair.notes[0].startswith("passed over a benign divergence")
