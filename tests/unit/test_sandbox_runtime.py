@@ -461,6 +461,11 @@ async def test_a_perturbed_replica_differs_from_the_others_only_in_its_model_dir
         assert dropped["argv"][model_at] == str(prepared.models.target)  # type: ignore[index]
         assert replica_b.perturb_nats is None
 
+        await sandbox.restart_replicas([0, 1], perturb_nats={1: 0.2})  # per replica
+        assert _recorded(records, replica_a.port)[-1]["argv"][model_at] == str(prepared.models.target)  # type: ignore[index]
+        assert _recorded(records, replica_b.port)[-1]["argv"][model_at] == str(perturbed)  # type: ignore[index]
+        assert (replica_a.perturb_nats, replica_b.perturb_nats) == (None, 0.2)
+
 
 @pytest.mark.parametrize(
     ("changes", "message"),

@@ -376,10 +376,11 @@ class Sandbox:
         speculative: bool | None = None,
         engine: EngineMode | None = None,
         revision: int | None = None,
-        perturb_nats: float | Keep | None = Keep.KEEP,
+        perturb_nats: float | Mapping[int, float | None] | Keep | None = Keep.KEEP,
     ) -> None:
-        """Restart several replicas at once (they start concurrently); None keeps a setting as it is
-        (but for `perturb_nats`, where None means unperturbed and Keep.KEEP keeps it)."""
+        """Restart several replicas at once (they start concurrently); None keeps a setting as it is,
+        but for `perturb_nats`: None serves the original target, Keep.KEEP keeps it, a mapping sets it
+        per replica index (replicas it does not name keep theirs)."""
         chosen = [self.replicas[index] for index in indices]
         self.check_master()
         if engine is not None and engine not in self.prepared.builds:
@@ -388,9 +389,14 @@ class Sandbox:
             )
             builds = {**self.prepared.builds, engine: build}
             self.prepared = Prepared(self.prepared.cache, self.prepared.env, self.prepared.models, builds)
-        if not isinstance(perturb_nats, Keep):
-            for replica in chosen:
-                replica.perturb_nats = None if perturb_nats is None else check_bound(perturb_nats)
+        wanted = {r.index: r.perturb_nats for r in chosen}
+        if isinstance(perturb_nats, Mapping):
+            wanted.update({i: bound for i, bound in perturb_nats.items() if i in wanted})
+        elif not isinstance(perturb_nats, Keep):
+            wanted = dict.fromkeys(wanted, perturb_nats)
+        for replica in chosen:
+            bound = wanted[replica.index]
+            replica.perturb_nats = None if bound is None else check_bound(bound)
         await self._prepare_perturbations(chosen)
         for replica in chosen:
             self.stop_replica(replica.index)
