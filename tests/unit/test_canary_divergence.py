@@ -218,6 +218,7 @@ def test_absent_logprobs_are_none(raw: Any) -> None:
         ({"content": [entry(logprob="-0.1")]}, "logprob is str, not a number"),
         ({"content": [entry(logprob=True)]}, "logprob is bool, not a number"),
         ({"content": [entry(token=5)]}, "token is int, not text"),
+        ({"content": [entry(token="\ud800")]}, "token is not valid Unicode text"),
         ({"content": [entry()] * 11}, "has 11 entries, more than the 10 tokens asked for"),
         (
             {"content": [entry(top=[{"token": str(i), "logprob": -i} for i in range(6)])]},

@@ -185,6 +185,10 @@ def _drift(cold: list[TokenLogprob], warm: list[TokenLogprob]) -> tuple[float | 
 def _token(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise LogprobsError(f"{where}.token is {type(value).__name__}, not text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LogprobsError(f"{where}.token is not valid Unicode text (a lone surrogate escape)") from None
     return value
 
 
