@@ -343,15 +343,16 @@ async def test_content_checks_off_still_demands_equal_answers_and_the_hit() -> N
 async def test_a_client_can_be_injected() -> None:
     """An httpx transport stands in for the replicas: the canary uses the client it is given."""
     hits = {"http://a:8000": 0, "http://b:8000": 0}
+    labels = 'model_name="MiniMaxAI/MiniMax-M2.5",engine="0"'
 
     def replica(request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         if request.url.path == "/metrics":
             return httpx.Response(
                 200,
-                text=f'vllm:external_prefix_cache_hits_total{{engine="0"}} {hits[base]}\n'
-                f'vllm:spec_decode_num_drafts_total{{engine="0"}} {hits[base]}\n'
-                f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {hits[base]}\n',
+                text=f"vllm:external_prefix_cache_hits_total{{{labels}}} {hits[base]}\n"
+                f"vllm:spec_decode_num_drafts_total{{{labels}}} {hits[base]}\n"
+                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {hits[base]}\n",
             )
         hits[base] += 128
         body = {"choices": [{"message": {"content": CORRECT_ANSWER}, "finish_reason": "stop"}]}
