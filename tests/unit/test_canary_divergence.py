@@ -450,3 +450,25 @@ async def test_a_near_tie_on_fake_replicas_passes_reported_and_a_wide_one_fails(
     assert json.loads(render_json(result))["pairs"][0]["divergence"]["kind"] == pair.divergence.kind.value
     if verdict is Verdict.PASSED:
         assert pair.notes[0].startswith("passed over a benign divergence")
+
+
+async def test_exact_mode_asks_for_no_logprobs_and_fails_a_near_tie() -> None:
+    with FakeCluster.start(2) as cluster:
+        cluster[1].payload_filter = lambda payload: {
+            **payload,
+            "choices": [{**payload["choices"][0], "message": {"role": "assistant", "content": "other"}}],
+        }
+        config = CanaryConfig(
+            replicas=cluster.urls,
+            request=PLAIN,
+            expectations=[],
+            block_size=32,
+            eagle=True,
+            pairs="first",
+            comparison=Comparison(mode=ComparisonMode.EXACT),
+        )
+        result = await run_canary(config)
+    [pair] = result.pairs
+    assert pair.cold is not None and pair.cold.logprobs is None  # not asked for
+    assert pair.verdict is Verdict.FAILED and pair.divergence is None
+    assert pair.reasons[0].startswith("warm answer differs from the cold one at character 0")
