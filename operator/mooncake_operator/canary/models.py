@@ -296,7 +296,7 @@ class CanaryResult(_Model):
         return ExitCode.PASSED
 
 
-_SUITE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+SUITE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 PRIMARY_REQUEST_NAME = "request"
 MAX_SUITE_REQUESTS = 16
 
@@ -304,7 +304,7 @@ MAX_SUITE_REQUESTS = 16
 class SuiteEntry(_Model):
     """One request of a canary suite. `expectations` None or []: judged warm against cold only."""
 
-    name: str = Field(pattern=_SUITE_NAME_PATTERN, description="Shown in the report (a DNS label).")
+    name: str = Field(pattern=SUITE_NAME_PATTERN, description="Shown in the report (a DNS label).")
     request: dict[str, Any]
     expectations: list[Expectation] | None = None
 
