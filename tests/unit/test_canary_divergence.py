@@ -450,6 +450,10 @@ async def test_a_near_tie_on_fake_replicas_passes_reported_and_a_wide_one_fails(
     assert json.loads(render_json(result))["pairs"][0]["divergence"]["kind"] == pair.divergence.kind.value
     if verdict is Verdict.PASSED:
         assert pair.notes[0].startswith("passed over a benign divergence")
+        assert (
+            "parts from it at a benign near tie (1 of them; pair 0: benign divergence at token"
+            in result.reason
+        )
 
 
 async def test_exact_mode_asks_for_no_logprobs_and_fails_a_near_tie() -> None:
