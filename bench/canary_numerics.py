@@ -1,6 +1,6 @@
 """How far the canary's logprob rule is from a wrong verdict, on real engines, over many salts.
 
-    flock /tmp/heavy.lock .venv/bin/python bench/canary_numerics.py [--salts 20] [--bound 0.05]
+    flock /tmp/heavy.lock .venv/bin/python bench/canary_numerics.py [--salts 20] [--bound 0.2]
 
 One sandbox (real mooncake_master, two real vLLM CPU replicas, Eagle-3 as the customer's). The default
 suite (the customer's request + the four block-boundary requests, padded with the replicas' own
@@ -209,7 +209,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--salts", type=int, default=20, help="canary pairs per engine setting (default 20)")
-    parser.add_argument("--bound", type=_bound, default=0.05, help="the reader's perturbation bound, nats")
+    parser.add_argument("--bound", type=_bound, default=0.2, help="the reader's perturbation bound, nats")
     parser.add_argument("--all-pairs", action="store_true", help="print every pair's row, not only summaries")
     args = parser.parse_args()
     if not netns.in_private_netns() and netns.namespaces_permitted():
