@@ -254,7 +254,7 @@ class RunCost(_Model):
     """What a run cost the replicas: chat requests sent and the tokens they counted (usage)."""
 
     chat_requests: int = 0
-    metrics_reads: int = 0
+    metrics_reads: int = 0  # the readers' (the writers' reads, which only explain, are not counted)
     prompt_tokens: int = 0
     completion_tokens: int = 0
 

@@ -40,7 +40,7 @@ def render_table(result: CanaryResult) -> str:
     lines.append(
         f"cost: {cost.chat_requests} chat requests ({len(result.requests)} per pair: "
         f"{', '.join(result.requests)}), {cost.prompt_tokens} prompt + {cost.completion_tokens} completion "
-        f"tokens, {cost.metrics_reads} metrics reads; comparison {_comparison_line(result)}"
+        f"tokens, {cost.metrics_reads} reader metrics reads; comparison {_comparison_line(result)}"
     )
     lines.append(
         f"wall {result.wall_s:.3f} s, of which waiting on replicas {result.request_latency_s:.3f} s; "
