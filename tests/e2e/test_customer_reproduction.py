@@ -76,8 +76,8 @@ A, B = 0, 1
 BLOCK_SIZE = 32
 TIMEOUT_S = 300.0
 COORDINATOR = Path("distributed/kv_transfer/kv_connector/v1/mooncake/store/coordinator.py")
-# The reader's perturbation bound: the smallest of those measured (bench/canary_numerics.py,
-# bench/RESULTS.md) that tips a near tie in the suite on the tiny model.
+# The reader's perturbation bound: the smallest that tipped near ties in more than one suite request
+# of the tiny model (bench/perturbation_probe.py, bench/RESULTS.md); its drift stays under the defaults.
 PERTURB_NATS = 0.2
 SUITE = ["request", "block-end", "block-plus-one", "block-minus-one", "many-blocks"]
 
