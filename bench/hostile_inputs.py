@@ -3,7 +3,11 @@
 - a gzip bomb served as a metrics page (decoded size 256 MiB, ~250 KiB on the wire), read with the
   default 16 MiB metrics cap;
 - the billion-laughs YAML alias bomb (~350 bytes) through the product's one YAML loader;
-- the canary's duplicate-replica check over 60,000 URLs (the models now bound spec.replicas at 64).
+- the canary's duplicate-replica check over 60,000 URLs (the models now bound spec.replicas at 64);
+- one 4 MiB chat answer read and parsed: the peak and what is still held after (the answer itself);
+- judging answers just under the 4 MiB default chat cap written to hurt the JSON search (a flood of `{`, one
+  huge object, a nest deeper than the recursion limit): the search's time, and the longest stall of the
+  event loop while `run_canary` judges a pair of them (a 10 ms ticker's worst gap).
 
     .venv/bin/python bench/hostile_inputs.py
 """
@@ -21,10 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.suppor
 
 import httpx
 from tests.support.hostile_http import gzip_bomb, raw_server, response_head
+from tests.support.loop_lag import canary_with_loop_lag
 from tests.unit.test_safe_yaml import BOMB
 
 from mooncake_operator import safe_yaml
-from mooncake_operator.canary import CanaryConfig, CounterScrapeError, scrape_counters
+from mooncake_operator.canary import CanaryConfig, CounterScrapeError, chat, customer_request, scrape_counters
+from mooncake_operator.canary.expectations import search_json
 
 MIB = 2**20
 
@@ -77,10 +83,67 @@ def duplicate_check() -> str:
     return f"duplicate-replica check, 60,000 URLs: {time.perf_counter() - started:.2f} s"
 
 
+# Sized so the chat body (the answer JSON-escaped, plus the envelope) stays under the 4 MiB default cap.
+HOSTILE_ANSWERS = {
+    "3.9 MiB of '{'": "{" * (39 * MIB // 10),
+    "a 3.9 MiB object": '{"k": [' + "1, " * (13 * MIB // 10) + "1]}",
+    "a 2.4 MiB nest": '{"a": ' * (4 * MIB // 10),
+}
+
+
+def json_search() -> list[str]:
+    lines = []
+    for name, answer in HOSTILE_ANSWERS.items():
+        started = time.perf_counter()
+        search = search_json(answer)
+        lines.append(f"JSON search, {name}: {search.missing()} in {time.perf_counter() - started:.3f} s")
+    return lines
+
+
+async def judging_loop_lag() -> list[str]:
+    lines = []
+    for name, answer in HOSTILE_ANSWERS.items():
+        started = time.perf_counter()
+        result, lag = await canary_with_loop_lag(answer)
+        lines.append(
+            f"canary pair judged, {name}: {result.verdict.value} in {time.perf_counter() - started:.2f} s, "
+            f"longest event-loop stall {lag * 1000:.0f} ms"
+        )
+    return lines
+
+
+async def chat_answer_memory() -> str:
+    from tests.unit.test_canary_memory_ceilings import _chat_body
+
+    body = _chat_body("x" * (4 * MIB))
+
+    def respond(method: str, path: str) -> Iterator[bytes]:
+        yield response_head(200, {"Content-Type": "application/json", "Content-Length": str(len(body))})
+        for start in range(0, len(body), 64 * 1024):
+            yield body[start : start + 64 * 1024]
+
+    with raw_server(respond) as url:
+        async with httpx.AsyncClient(trust_env=False) as client:
+            tracemalloc.start()
+            answer = await chat(
+                client, url, customer_request(), cache_salt=None, timeout=60, max_body_bytes=8 * MIB
+            )
+            held, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+    size = len(body) / MIB
+    assert answer.text is not None
+    return (
+        f"one chat answer, {size:.1f} MiB body: peak {peak / MIB:.1f} MiB, held {held / MIB:.1f} MiB with it"
+    )
+
+
 def main() -> None:
     print(asyncio.run(gzip_bomb_metrics()))
     print(yaml_bomb())
+    print(asyncio.run(chat_answer_memory()))
     print(duplicate_check())
+    print("\n".join(json_search()))
+    print("\n".join(asyncio.run(judging_loop_lag())))
 
 
 if __name__ == "__main__":

@@ -465,14 +465,18 @@ class NetworkPolicySpec(ApiModel):
         default=None,
         description=(
             "Who the operator is (it runs the canary against the replicas' HTTP port). Unset: pods "
-            "labelled app.kubernetes.io/name=mooncake-operator in any namespace."
+            "labelled app.kubernetes.io/name=mooncake-operator in the operator's own namespace."
         ),
     )
     clients: list[NetworkPolicyPeer] | None = Field(
         default=None, description="Who may call the replicas' HTTP port; unset: anyone."
     )
     metrics_scrapers: list[NetworkPolicyPeer] = Field(
-        default_factory=list, description="Who may read the master's metrics port."
+        default_factory=list,
+        description=(
+            "Admits nobody: the master's metrics port also serves its unauthenticated admin API "
+            "(remove_all, quotas, drains), so no scraper is let in. Kept so existing resources stay valid."
+        ),
     )
 
 
@@ -551,6 +555,26 @@ def managed_flag_of(arg: str) -> tuple[str, str] | None:
     return None
 
 
+# Options whose value is a secret: extraArgs are kept in the last-good record (a ConfigMap) and the pod
+# spec, both readable by far more people than a Secret. Each with its shortest spelling we treat as it
+# (argparse accepts unambiguous prefixes; shorter ones are ambiguous in vLLM and refused by it).
+SECRET_ENGINE_FLAGS = {
+    "--hf-token": ("--hf-t", "model.hfTokenSecretRef (a Secret the engine reads as a file)"),
+    "--api-key": ("--api-k", "engine.extraEnv VLLM_API_KEY with valueFrom.secretKeyRef"),
+}
+
+
+def secret_flag_of(arg: str) -> tuple[str, str] | None:
+    """(option, where the secret belongs instead) when `arg` passes a secret on the command line."""
+    flag = engine_flag(arg)
+    if flag is None:
+        return None
+    for option, (shortest, instead) in SECRET_ENGINE_FLAGS.items():
+        if flag.startswith(shortest) and option.startswith(flag):
+            return option, instead
+    return None
+
+
 # --- spec ----------------------------------------------------------------------------------------------
 
 
@@ -621,7 +645,10 @@ class ModelSpec(ApiModel):
     cache: ModelCache = Field(default_factory=ModelCache, description="Hugging Face cache volume.")
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding the Hugging Face token (exposed as HF_TOKEN). Never inline a token.",
+        description=(
+            "Secret key holding the Hugging Face token, mounted as a file the engine reads through "
+            "HF_TOKEN_PATH. Never inline a token."
+        ),
     )
 
 
@@ -651,6 +678,7 @@ MANAGED_ENV = {
     "PYTHONHASHSEED": "engine.pythonHashSeed",
     "MOONCAKE_CONFIG_PATH": "store",
     "HF_TOKEN": "model.hfTokenSecretRef",
+    "HF_TOKEN_PATH": "model.hfTokenSecretRef",
     "HF_HOME": "model.cache",
     "MC_STORE_CLUSTER_ID": "store.master.highAvailability",
     "SSL_CERT_DIR": "store.master.highAvailability.etcd.external.tls",
@@ -701,6 +729,13 @@ class EngineSpec(ApiModel):
                 spelled = "" if engine_flag(arg) == option else f" (vLLM reads {arg!r} as {option})"
                 raise ValueError(
                     f"engine.extraArgs must not contain {option}{spelled}: it is set from {source}"
+                )
+            secret = secret_flag_of(arg)
+            if secret is not None:
+                option, instead = secret
+                raise ValueError(
+                    f"engine.extraArgs must not contain {option}: a secret on the command line lands in the "
+                    f"pod spec and the operator's last-good record; use {instead}"
                 )
         for env in self.extra_env:
             if env.name in MANAGED_ENV:
@@ -1014,7 +1049,11 @@ class CanarySpec(ApiModel):
         default=True,
         description="Without a rise of the reader's external-hit counter the run is Inconclusive.",
     )
-    timeout_seconds: int = Field(default=300, ge=1, description="Timeout of one canary request.")
+    timeout_seconds: int = Field(
+        default=300,
+        ge=1,
+        description="Timeout of one canary request; lowered to the operator's ceiling (600 s by default).",
+    )
     interval_seconds: int | None = Field(
         default=None,
         ge=1,

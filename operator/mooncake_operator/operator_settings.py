@@ -8,6 +8,7 @@ that points canaries at URLs other than the per-replica DNS names (tests, the sa
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +18,23 @@ import kopf
 import yaml
 
 from mooncake_operator import api, safe_yaml
-from mooncake_operator.canary.models import normalize_base_url
+from mooncake_operator.canary.models import (
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+    MAX_BODY_BYTES_LIMIT,
+    CanaryConfig,
+    normalize_base_url,
+)
 from mooncake_operator.kube import KubeConfig
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE
 
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
+# The operator's default ceilings on the canary's body caps: 4x the chat default, 2x the metrics default.
+# Eight canaries at once each parsing one body at its ceiling need about 8 * 32 MiB * 3 of memory.
+DEFAULT_CANARY_MAX_CHAT_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_CANARY_MAX_METRICS_BODY_BYTES = 2 * DEFAULT_MAX_METRICS_BODY_BYTES
+MIN_BODY_BYTES = 1024
+_NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label
 # How often kopf re-checks a daemon that is exiting (its default, 60 s, delays deletions that long).
 TIMER_EXIT_POLL_SECONDS = 2.0
 
@@ -47,12 +60,23 @@ class OperatorSettings:
     master_endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     resync_seconds: float = 600.0  # a safety net: changes arrive through the watches
     max_concurrent_canaries: int = 8
+    # One namespace's share of them: a tenant whose replicas never answer cannot take every slot.
+    max_concurrent_canaries_per_namespace: int = 2
     # Highly available masters: who leads is asked over HTTP, not watched (a failover need not change a pod).
     leader_check_seconds: float = 30.0
     retry_delay_seconds: float = 10.0
     inconclusive_retry_seconds: float = 60.0
     request_timeout_seconds: float = 30.0
     watch_timeout_seconds: float = 300.0
+    # Ceilings on what a resource's spec.canary may ask for: one operator serves every tenant, so no
+    # resource may size the operator's memory (a body is held about three times while it is parsed).
+    # Where the operator's pods run: the NetworkPolicies admit its pods from this namespace only.
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    canary_max_chat_body_bytes: int = DEFAULT_CANARY_MAX_CHAT_BODY_BYTES
+    canary_max_metrics_body_bytes: int = DEFAULT_CANARY_MAX_METRICS_BODY_BYTES
+    # Ceiling on spec.canary.timeoutSeconds (one request), and the deadline of a whole run.
+    canary_max_timeout_seconds: int = 600
+    canary_run_deadline_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -67,9 +91,52 @@ class OperatorSettings:
                 raise SettingsError(f"{name.replace('_', '-')} must be greater than 0")
         if self.max_concurrent_canaries < 1:
             raise SettingsError("max-concurrent-canaries must be at least 1")
+        if self.max_concurrent_canaries_per_namespace < 1:
+            raise SettingsError("max-concurrent-canaries-per-namespace must be at least 1")
+        if self.canary_max_timeout_seconds < 1:
+            raise SettingsError("canary-max-timeout-seconds must be at least 1")
+        if self.canary_run_deadline_seconds <= 0:
+            raise SettingsError("canary-run-deadline-seconds must be greater than 0")
         for name in ("liveness_port", "metrics_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 raise SettingsError(f"{name.replace('_', '-')} must be a port number (0 disables)")
+        if not _NAMESPACE_RE.fullmatch(self.operator_namespace):
+            raise SettingsError(f"operator-namespace {self.operator_namespace!r} is not a namespace name")
+        for name in ("canary_max_chat_body_bytes", "canary_max_metrics_body_bytes"):
+            if not MIN_BODY_BYTES <= getattr(self, name) <= MAX_BODY_BYTES_LIMIT:
+                flag = name.replace("_", "-")
+                raise SettingsError(
+                    f"{flag} must be between {MIN_BODY_BYTES} and {MAX_BODY_BYTES_LIMIT} bytes"
+                )
+
+    def limit_canary(self, config: CanaryConfig) -> tuple[CanaryConfig, list[str]]:
+        """`config` with its body caps and request timeout lowered to the operator's ceilings, and a line
+        per lowered value."""
+        lowered: dict[str, int] = {}
+        notes = []
+        for field_name, ceiling, spec_field in (
+            ("max_chat_body_bytes", self.canary_max_chat_body_bytes, "maxChatBodyBytes"),
+            ("max_metrics_body_bytes", self.canary_max_metrics_body_bytes, "maxMetricsBodyBytes"),
+        ):
+            asked = getattr(config, field_name)
+            if asked > ceiling:
+                lowered[field_name] = ceiling
+                notes.append(
+                    f"spec.canary.{spec_field} {asked} lowered to the operator's ceiling {ceiling} "
+                    f"(--canary-{field_name.replace('_', '-')})"
+                )
+        if config.request_timeout_s > self.canary_max_timeout_seconds:
+            notes.append(
+                f"spec.canary.timeoutSeconds {int(config.request_timeout_s)} lowered to the operator's "
+                f"ceiling {self.canary_max_timeout_seconds} (--canary-max-timeout-seconds)"
+            )
+            updates: dict[str, object] = {
+                **lowered,
+                "request_timeout_s": float(self.canary_max_timeout_seconds),
+            }
+        else:
+            updates = dict(lowered)
+        return (config.model_copy(update=updates) if updates else config), notes
 
     def kube_config(self) -> KubeConfig:
         """Explicit credentials, else the given kubeconfig, else in-cluster or the default kubeconfig."""

@@ -11,6 +11,7 @@ Children of a resource named NAME in namespace NS:
   Service      NAME                client traffic: only replica pods labelled TRAFFIC_LABEL=on
   PodDisruptionBudget NAME-replica at most one replica voluntarily disrupted (node drains)
   NetworkPolicy NAME-master, NAME-replica  who may reach the master's and the replicas' ports
+                                   (and NAME-etcd for a managed etcd)
                                    (unless spec.networkPolicy.enabled is false)
 
 The replica command line, environment and store config come from `engine_args`, the module the sandbox
@@ -420,11 +421,10 @@ def _http_service_port(resource: MooncakeServing) -> dict[str, Any]:
 def _replica_env(spec: MooncakeServingSpec, launch_env: dict[str, str]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in launch_env.items()]
     env.append({"name": "HF_HOME", "value": HF_HOME})
-    secret = spec.model.hf_token_secret_ref
-    if secret is not None:
-        env.append(
-            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": secret.name, "key": secret.key}}}
-        )
+    if spec.model.hf_token_secret_ref is not None:
+        # A file, not HF_TOKEN: an environment variable shows in `kubectl describe`, crash dumps and
+        # every child process's environment. huggingface_hub (and so vLLM) reads HF_TOKEN_PATH.
+        env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/{HF_TOKEN_FILE}"})
     # The store client registers this address with the master; the pod IP is what other replicas reach.
     env.append(
         {
@@ -461,6 +461,10 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     if rdma is not None and rdma.host_devices:
         volumes.append({"name": RDMA_DEVICES_VOLUME, "hostPath": {"path": RDMA_DEVICES_PATH}})
     volumes += etcd_ca_volumes(resource)
+    secret = spec.model.hf_token_secret_ref
+    if secret is not None:
+        items = [{"key": secret.key, "path": HF_TOKEN_FILE}]
+        volumes.append({"name": HF_TOKEN_VOLUME, "secret": {"secretName": secret.name, "items": items}})
     return volumes
 
 
@@ -529,6 +533,11 @@ def _replica_pod_template(resource: MooncakeServing, set_selector: dict[str, str
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": HF_CACHE_VOLUME, "mountPath": HF_HOME},
             *etcd_ca_mounts(resource),
+            *(
+                [{"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}]
+                if spec.model.hf_token_secret_ref is not None
+                else []
+            ),
         ],
     }
     security = replica_security_context(spec)
@@ -560,15 +569,28 @@ POLICY_V1 = "policy/v1"
 POLICY_V1BETA1 = "policy/v1beta1"
 POLICY_API_VERSIONS = (POLICY_V1, POLICY_V1BETA1)
 RDMA_DEVICES_VOLUME = "rdma-devices"
+HF_TOKEN_VOLUME = "hf-token"
+HF_TOKEN_DIR = "/etc/mooncake/hf-token"
+HF_TOKEN_FILE = "token"
 RDMA_DEVICES_PATH = "/dev/infiniband"
 # `ulimit -l unlimited` raises the memlock hard limit (needs CAP_SYS_RESOURCE), then the engine replaces
 # the shell; the engine's argv follows as "$0" "$@", unchanged and unquoted by any shell.
 MEMLOCK_WRAPPER = ("/bin/sh", "-c", 'ulimit -l unlimited && exec "$0" "$@"')
 # The master needs no privileges: measured with the real mooncake_master (bench/RESULTS.md).
 MASTER_USER_ID = 65532
-DEFAULT_OPERATOR_PEER = NetworkPolicyPeer.model_validate(
-    {"podSelector": {"matchLabels": {LABEL_NAME: "mooncake-operator"}}, "namespaceSelector": {}}
-)
+# Where the operator runs when nobody says (the namespace docs/install.md installs the chart into); the
+# operator itself passes its own (`run --operator-namespace`, the chart's release namespace).
+DEFAULT_OPERATOR_NAMESPACE = "mooncake-system"
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.21+)
+
+
+def operator_peer(operator_namespace: str) -> dict[str, Any]:
+    """The operator's pods in the operator's own namespace only: the label alone would admit any pod of any
+    namespace that carries it (every tenant can label its own pods)."""
+    return {
+        "podSelector": {"matchLabels": {LABEL_NAME: "mooncake-operator"}},
+        "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: operator_namespace}},
+    }
 
 
 def replica_command(spec: MooncakeServingSpec, argv: tuple[str, ...]) -> list[str]:
@@ -1048,14 +1070,18 @@ def _peers(peers: list[NetworkPolicyPeer]) -> list[dict[str, Any]]:
     return [peer.to_wire() for peer in peers]
 
 
-def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> list[Manifest]:
-    """Ingress of the master (RPC from this resource's replicas; metrics from declared scrapers) and of
-    the replicas (any port from each other: the store client's transfer port is picked at start-up; the
-    HTTP port from the operator and the declared clients, or from anyone when clients is unset).
+def network_policies(
+    resource: MooncakeServing, *, owner_uid: str | None, operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+) -> list[Manifest]:
+    """Ingress of the master (RPC from this resource's replicas; with highly available masters, the
+    operator on the metrics port for /health) and of the replicas (any port from each other: the store
+    client's transfer port is picked at start-up; the HTTP port from the operator and the declared
+    clients, or from anyone when clients is unset). Pure: the operator's namespace is an argument.
 
-    Egress is not restricted. The operator connects to the master only with highly available masters
-    (their /health says who leads): then it gets a rule for the metrics port. A managed etcd gets no
-    policy (masters and replicas reach it).
+    The master's metrics port also serves the pinned mooncake_master's admin API (`/api/v1/remove_all`,
+    quotas, drains), so nobody but the operator is admitted to it: `metricsScrapers` are not (see
+    docs/api.md). A managed etcd gets a third: its client port from this resource's masters and
+    replicas, its peer port from its own members. Egress is not restricted.
     """
     spec = resource.spec
     policy = spec.network_policy
@@ -1063,19 +1089,14 @@ def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> lis
         return []
     names = ChildNames.of(resource.metadata.name)
     replicas_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_REPLICA)}}
+    operator = policy.operator.to_wire() if policy.operator is not None else operator_peer(operator_namespace)
     master = spec.store.master
-    metrics_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": master.metrics_port}]}
-    if policy.metrics_scrapers:
-        metrics_rule["from"] = _peers(policy.metrics_scrapers)
     master_rules = [{"from": [replicas_peer], "ports": [{"protocol": "TCP", "port": master.rpc_port}]}]
-    if policy.metrics_scrapers:
-        master_rules.append(metrics_rule)
     if ha_enabled(resource):  # the operator asks every highly available master who leads (/health)
-        operator = _peers([policy.operator or DEFAULT_OPERATOR_PEER])
-        master_rules.append({"from": operator, "ports": [{"protocol": "TCP", "port": master.metrics_port}]})
+        master_rules.append({"from": [operator], "ports": [{"protocol": "TCP", "port": master.metrics_port}]})
     http_rule: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": spec.engine.port}]}
     if policy.clients is not None:
-        http_rule["from"] = _peers([policy.operator or DEFAULT_OPERATOR_PEER, *policy.clients])
+        http_rule["from"] = [operator, *_peers(policy.clients)]
     replica_rules = [{"from": [replicas_peer]}, http_rule]
 
     def build(name: str, app: str, component: str, rules: list[dict[str, Any]]) -> Manifest:
@@ -1090,10 +1111,21 @@ def network_policies(resource: MooncakeServing, *, owner_uid: str | None) -> lis
             },
         }
 
-    return [
+    policies = [
         build(names.master, "mooncake-master", COMPONENT_MASTER, master_rules),
         build(names.replicas, "vllm", COMPONENT_REPLICA, replica_rules),
     ]
+    if ha_enabled(resource) and spec.store.master.high_availability.etcd.managed_or_default() is not None:
+        # The managed etcd has no authentication: whoever reaches its client port can rewrite
+        # master_view and send the store clients to a master of their choosing.
+        masters_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_MASTER)}}
+        members_peer = {"podSelector": {"matchLabels": selector(resource, COMPONENT_ETCD)}}
+        etcd_rules = [
+            {"from": [masters_peer, replicas_peer], "ports": [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}]},
+            {"from": [members_peer], "ports": [{"protocol": "TCP", "port": ETCD_PEER_PORT}]},
+        ]
+        policies.append(build(HaNames.of(resource.metadata.name).etcd, "etcd", COMPONENT_ETCD, etcd_rules))
+    return policies
 
 
 def render_all(
@@ -1102,6 +1134,7 @@ def render_all(
     owner_uid: str | None,
     policy_api_version: str = POLICY_V1,
     replica_set: str | None = None,
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
 ) -> list[Manifest]:
     """Every child object, in apply order: network policies first (so no pod starts unprotected),
     config and master, replicas next, services and the disruption budget for them.
@@ -1109,9 +1142,10 @@ def render_all(
     `policy_api_version`: the PodDisruptionBudget's apiVersion the cluster serves (`policy/v1` from
     Kubernetes 1.21 on; the operator asks the API server which one it serves). `replica_set`: the
     replica StatefulSet rendered from this spec (a BlueGreen candidate's name); another set (the one
-    serving during a BlueGreen rollout) is not rendered, so it is left as it runs."""
+    serving during a BlueGreen rollout) is not rendered, so it is left as it runs. `operator_namespace`:
+    where the operator's pods run, the only namespace its NetworkPolicy peer admits."""
     return [
-        *network_policies(resource, owner_uid=owner_uid),
+        *network_policies(resource, owner_uid=owner_uid, operator_namespace=operator_namespace),
         store_config_map(resource, owner_uid=owner_uid),
         *_master_children(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),

@@ -87,6 +87,8 @@ def raw_server(respond: Respond) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
         stopping.set()
+        with suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes the accept(): close() alone leaves it blocked
         server.close()
         thread.join(timeout=5)
 

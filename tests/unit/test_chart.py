@@ -260,6 +260,9 @@ def test_operator_tuning_values_become_run_flags(rendered: dict[str, list[Manife
     cli_defaults = build_parser().parse_args(["run"])
     defaults = build_parser().parse_args(deployment_args(rendered["defaults"]))
     assert "--max-concurrent-canaries=8" in deployment_args(rendered["defaults"])
+    # The NetworkPolicies admit the operator from its own namespace only: the chart says which it is.
+    namespace = only(rendered["defaults"], "Deployment")["metadata"]["namespace"]
+    assert f"--operator-namespace={namespace}" in deployment_args(rendered["defaults"])
     assert (defaults.max_concurrent_canaries, defaults.leader_check_seconds) == (
         cli_defaults.max_concurrent_canaries,
         cli_defaults.leader_check_seconds,
@@ -273,6 +276,14 @@ def test_chart_defaults_of_run_flags_are_the_clis() -> None:
     operator_values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())["operator"]
     cli_defaults = build_parser().parse_args(["run"])
     assert operator_values["maxConcurrentCanaries"] == cli_defaults.max_concurrent_canaries
+    assert operator_values["canaryMaxChatBodyBytes"] == cli_defaults.canary_max_chat_body_bytes
+    assert (
+        operator_values["maxConcurrentCanariesPerNamespace"]
+        == cli_defaults.max_concurrent_canaries_per_namespace
+    )
+    assert operator_values["canaryMaxTimeoutSeconds"] == cli_defaults.canary_max_timeout_seconds
+    assert operator_values["canaryRunDeadlineSeconds"] == cli_defaults.canary_run_deadline_seconds
+    assert operator_values["canaryMaxMetricsBodyBytes"] == cli_defaults.canary_max_metrics_body_bytes
     assert operator_values["leaderCheckSeconds"] == cli_defaults.leader_check_seconds
     assert operator_values["livenessPort"] == cli_defaults.liveness_port
 

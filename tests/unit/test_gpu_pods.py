@@ -550,17 +550,30 @@ def test_network_policies_admit_only_what_each_port_needs() -> None:
     client = {"ipBlock": {"cidr": "10.0.0.0/8"}}
     declared = changed(example(), "spec.networkPolicy", {"metricsScrapers": [scraper], "clients": [client]})
     found = policies(declared)
-    assert found["minimax-m25-master"]["ingress"][1] == {
-        "ports": [{"protocol": "TCP", "port": 9003}],
-        "from": [scraper],
-    }
+    # The master's metrics port also serves its admin API (remove_all, quotas, drains): never scrapers.
+    assert found["minimax-m25-master"]["ingress"] == master["ingress"]
     http = found["minimax-m25-replica"]["ingress"][1]
     operator = {
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mooncake-operator"}},
-        "namespaceSelector": {},
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mooncake-system"}},
     }
     assert http["from"] == [operator, client]
     assert policies(changed(example(), "spec.networkPolicy", {"enabled": False})) == {}
+
+
+def test_the_operator_is_admitted_from_its_own_namespace_only() -> None:
+    """A tenant can label its own pods app.kubernetes.io/name=mooncake-operator: the label alone must not
+    admit them to another tenant's replicas or masters."""
+    declared = changed(example(), "spec.networkPolicy", {"clients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]})
+    policy = render.network_policies(parse_resource(declared), owner_uid=None, operator_namespace="ops")
+    operator = policy[1]["spec"]["ingress"][1]["from"][0]
+    assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
+    assert all(
+        peer.get("namespaceSelector") != {}
+        for manifest in policy
+        for rule in manifest["spec"]["ingress"]
+        for peer in rule.get("from", [])
+    )
 
 
 def test_the_disruption_budget_and_its_api_versions() -> None:

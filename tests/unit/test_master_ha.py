@@ -11,7 +11,7 @@ import pytest
 import yaml
 from tests.support.manifests import with_change
 
-from mooncake_operator import render
+from mooncake_operator import api, render
 from mooncake_operator.api import (
     CanaryStatus,
     HighAvailabilityStatus,
@@ -145,6 +145,7 @@ def test_managed_etcd_children_and_client_config() -> None:
     assert kinds(resource) == [
         "NetworkPolicy/minimax-m25-master",
         "NetworkPolicy/minimax-m25-replica",
+        "NetworkPolicy/minimax-m25-etcd",
         "ConfigMap/minimax-m25-store-config",
         "Service/minimax-m25-etcd",
         "StatefulSet/minimax-m25-etcd",
@@ -348,6 +349,34 @@ def test_the_run_command_reads_master_endpoints(tmp_path: Path) -> None:
     assert settings.master_endpoints_for("ns", "other") is None
 
 
+def test_the_managed_etcd_admits_this_resources_masters_and_replicas_and_its_members_only() -> None:
+    """It has no authentication: any other pod reaching its client port could rewrite master_view."""
+    policies = {
+        p["metadata"]["name"]: p["spec"]
+        for p in render.network_policies(resource_with({"enabled": True}), owner_uid=None)
+    }
+    etcd = policies["minimax-m25-etcd"]
+    own = {"app.kubernetes.io/instance": "minimax-m25"}
+    assert etcd["podSelector"] == {"matchLabels": {**own, "app.kubernetes.io/component": "store-etcd"}}
+    assert etcd["ingress"] == [
+        {
+            "from": [
+                {"podSelector": {"matchLabels": {**own, "app.kubernetes.io/component": "store-master"}}},
+                {"podSelector": {"matchLabels": {**own, "app.kubernetes.io/component": "engine"}}},
+            ],
+            "ports": [{"protocol": "TCP", "port": 2379}],
+        },
+        {
+            "from": [{"podSelector": {"matchLabels": {**own, "app.kubernetes.io/component": "store-etcd"}}}],
+            "ports": [{"protocol": "TCP", "port": 2380}],
+        },
+    ]
+    external = {"enabled": True, "etcd": {"external": {"endpoints": ["etcd.platform:2379"]}}}
+    assert "minimax-m25-etcd" not in {
+        p["metadata"]["name"] for p in render.network_policies(resource_with(external), owner_uid=None)
+    }
+
+
 def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
     def metrics_rules(resource: MooncakeServing) -> list[dict[str, Any]]:
         policy = render.network_policies(resource, owner_uid=None)[0]
@@ -358,6 +387,20 @@ def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
     assert rule["from"] == [
         {
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mooncake-operator"}},
-            "namespaceSelector": {},
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mooncake-system"}},
         }
     ]
+    # Declared scrapers are not admitted to that port: it also serves the master's admin API.
+    scraped = resource_with({"enabled": True})
+    spec = scraped.spec.model_copy(
+        update={
+            "network_policy": scraped.spec.network_policy.model_copy(
+                update={
+                    "metrics_scrapers": [
+                        api.NetworkPolicyPeer.model_validate({"ipBlock": {"cidr": "0.0.0.0/0"}})
+                    ]
+                }
+            )
+        }
+    )
+    assert metrics_rules(scraped.model_copy(update={"spec": spec})) == [rule]

@@ -22,6 +22,9 @@ from mooncake_operator.reconcile.observe import REVISION_LABEL
 
 pytestmark = pytest.mark.unit
 
+# The single master's pod belongs to its Deployment's ReplicaSet (the cache keeps pods of workloads only).
+MASTER_REPLICA_SET = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True}
+
 
 def runtime_answering(
     handler: Callable[[httpx.Request], httpx.Response],
@@ -163,7 +166,13 @@ def held_world() -> tuple[World, MooncakeServing]:
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "demo-master-x", "namespace": "ns", "uid": "m", "labels": master_labels},
+            "metadata": {
+                "name": "demo-master-x",
+                "namespace": "ns",
+                "uid": "m",
+                "labels": master_labels,
+                "ownerReferences": [MASTER_REPLICA_SET],
+            },
             "status": ready,
         },
     )
@@ -199,7 +208,13 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
         {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": labels},
+            "metadata": {
+                "name": name,
+                "namespace": "ns",
+                "uid": uid,
+                "labels": labels,
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "controller": True}],
+            },
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         },
     )
@@ -260,6 +275,7 @@ def blue_green_world() -> tuple[World, str]:
                     **render.selector(new, render.COMPONENT_MASTER),
                     render.LABEL_MANAGED_BY: render.MANAGED_BY,
                 },
+                "ownerReferences": [MASTER_REPLICA_SET],
             },
             "status": {"conditions": [{"type": "Ready", "status": "True"}]},
         },

@@ -89,6 +89,17 @@ def test_run_flags_become_settings(tmp_path: Path) -> None:
     assert settings.endpoints_for("ns", "other") is None
 
 
+def test_the_operator_namespace_comes_from_the_flag_else_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    assert settings_from(build_parser().parse_args(["run"])).operator_namespace == "mooncake-system"
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
+    assert settings_from(build_parser().parse_args(["run"])).operator_namespace == "ops"
+    flagged = build_parser().parse_args(["run", "--operator-namespace", "platform"])
+    assert settings_from(flagged).operator_namespace == "platform"
+    with pytest.raises(SettingsError, match="operator-namespace 'Not A Namespace' is not a namespace name"):
+        OperatorSettings(operator_namespace="Not A Namespace")
+
+
 def test_kopf_settings() -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings, OperatorSettings(watch_timeout_seconds=300, request_timeout_seconds=20))

@@ -234,11 +234,22 @@ def test_replica_env_mounts_and_secret() -> None:
     env = {item["name"]: item for item in container["env"]}
     for name, value in CUSTOMER_ENV.items():
         assert env[name] == {"name": name, "value": value}
-    assert env["HF_TOKEN"] == {
-        "name": "HF_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}},
+    # The token is a file (HF_TOKEN_PATH), never an environment variable.
+    assert "HF_TOKEN" not in env
+    assert env["HF_TOKEN_PATH"] == {"name": "HF_TOKEN_PATH", "value": "/etc/mooncake/hf-token/token"}
+    volumes = {
+        v["name"]: v
+        for v in render.replica_stateful_set(customer_deployment(), owner_uid=None)["spec"]["template"][
+            "spec"
+        ]["volumes"]
     }
+    assert volumes["hf-token"]["secret"] == {
+        "secretName": "hf-token",
+        "items": [{"key": "token", "path": "token"}],
+    }
+    assert not any("valueFrom" in item and "secretKeyRef" in item["valueFrom"] for item in container["env"])
     mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
+    assert mounts["/etc/mooncake/hf-token"] == "hf-token"
     assert mounts["/etc/vllm"] == "store-config"
     assert mounts["/dev/shm"] == "dshm"
     assert mounts[env["HF_HOME"]["value"]] == "hf-cache"

@@ -197,7 +197,7 @@ def parse_chat_response(
     With `top_logprobs` (they were asked for), `choices[0].logprobs` is parsed strictly
     (`parse_logprobs`); without, it is ignored."""
     base = {"url": url, "status": response.status_code, "latency_s": latency_s, "attempts": attempts}
-    excerpt = printable(response.text[:_BODY_EXCERPT_CHARS])
+    excerpt = _body_excerpt(response)
     if response.status_code != 200:
         return ChatAnswer(
             **base,
@@ -393,24 +393,30 @@ async def _read_capped(response: httpx.Response, cap: int) -> bytes:
     if declared.isdigit() and int(declared) > cap:
         raise _TooLarge
     decoder = _decoder(response.headers.get("content-encoding", ""))
-    body = bytearray()
+    # Pieces joined once at the end: the body is copied once (a growing bytearray is copied as it grows,
+    # then once more into bytes).
+    pieces: list[bytes] = []
+    size = 0
     async for raw in response.aiter_raw():
         if decoder is None:
-            body += raw
+            pieces.append(raw)
+            size += len(raw)
         else:
             pending = raw
             while pending:
                 # max_length bounds what one step may produce; the rest waits in unconsumed_tail.
                 try:
-                    body += decoder.decompress(pending, min(_DECODE_STEP_BYTES, cap + 1 - len(body)))
+                    piece = decoder.decompress(pending, min(_DECODE_STEP_BYTES, cap + 1 - size))
                 except zlib.error as error:
                     raise _BadEncoding(f"the compressed body is corrupt: {error}") from None
+                pieces.append(piece)
+                size += len(piece)
                 pending = decoder.unconsumed_tail
-                if len(body) > cap:
+                if size > cap:
                     raise _TooLarge
-        if len(body) > cap:
+        if size > cap:
             raise _TooLarge
-    return bytes(body)
+    return b"".join(pieces)
 
 
 def _decoder(encoding: str) -> Any:
@@ -465,6 +471,13 @@ def _error_detail(response: httpx.Response) -> str:
             if isinstance(payload.get(key), str):
                 return str(payload[key])
     return " ".join(response.text[:200].split())
+
+
+def _body_excerpt(response: httpx.Response) -> str:
+    """The body's first characters, decoded from its first bytes only: `response.text` would hold a
+    second, decoded copy of the whole body (up to 4 bytes a character) for as long as the response."""
+    head = response.content[: _BODY_EXCERPT_CHARS * 4].decode(response.encoding or "utf-8", errors="replace")
+    return printable(head[:_BODY_EXCERPT_CHARS])
 
 
 def _malformed(base: dict[str, Any], excerpt: str, message: str) -> ChatAnswer:

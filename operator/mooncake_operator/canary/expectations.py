@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +35,7 @@ JsonScalar = str | int | float | bool | None
 
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 _EXCERPT_CHARS = 80
+_LISTED_KEYS = 10  # keys (or mismatching fields) named in one violation
 
 
 def excerpt(text: str, limit: int = _EXCERPT_CHARS) -> str:
@@ -56,32 +59,86 @@ def canonical(value: object) -> tuple[str, object]:
     return ("other", json.dumps(value, sort_keys=True))
 
 
+# Bounds on the search for the answer's JSON object, so an answer of `{` repeated, or one huge or deeply
+# nested object, costs a bounded time whatever its length: at most this many `{` are tried, each
+# decoded within a window of this many characters (one decode holds the GIL: at 64 Ki characters it
+# is tens of milliseconds), and the search stops at the deadline. An object longer than the window is
+# not checked: the answer fails its JSON checks with that reason.
+JSON_SEARCH_ATTEMPTS = 32
+JSON_OBJECT_MAX_CHARS = 64 * 1024
+JSON_SEARCH_BUDGET_S = 2.0
+
+
+@dataclass(frozen=True)
+class JsonSearch:
+    """The first JSON object of an answer; when None, `gave_up` says why not every candidate was tried."""
+
+    found: tuple[dict[str, object], int, int] | None
+    gave_up: str = ""
+
+    def missing(self) -> str:
+        """ "no JSON object" plus why the search stopped, when it did not look at every candidate."""
+        return f"no JSON object ({self.gave_up})" if self.gave_up else "no JSON object"
+
+
 def find_json_object(text: str) -> tuple[dict[str, object], int, int] | None:
-    """The first JSON object in `text` as (object, start, end), or None when there is none."""
+    """The first JSON object in `text` as (object, start, end), or None (see `search_json`)."""
+    return search_json(text).found
+
+
+def search_json(
+    text: str,
+    *,
+    attempts: int = JSON_SEARCH_ATTEMPTS,
+    max_chars: int = JSON_OBJECT_MAX_CHARS,
+    budget_s: float = JSON_SEARCH_BUDGET_S,
+) -> JsonSearch:
+    """The first `{` from which a JSON object decodes, trying at most `attempts` of them, each within
+    `max_chars` characters, for at most `budget_s` seconds: linear in `text` and bounded in time."""
     decoder = json.JSONDecoder()
+    deadline = time.monotonic() + budget_s
     start = text.find("{")
+    tried = 0
+    too_long = None
     while start != -1:
+        if tried == attempts:
+            return JsonSearch(None, f"gave up after {attempts} places that start with '{{'")
+        if time.monotonic() > deadline:
+            return JsonSearch(None, f"gave up after {budget_s:g} s")
+        tried += 1
+        # Decode a bounded window: the cost of one attempt (and of the error's line count) is bounded.
+        window = text[start : start + max_chars]
         try:
-            value, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError:
+            value, length = decoder.raw_decode(window)
+        except json.JSONDecodeError as error:
+            if error.pos >= len(window) - 1 and len(window) == max_chars and too_long is None:
+                too_long = start
+            start = text.find("{", start + 1)
+            continue
+        except RecursionError:  # nested deeper than the interpreter allows: not an answer to check
             start = text.find("{", start + 1)
             continue
         if isinstance(value, dict):
-            return value, start, end
-        start = text.find("{", end)
-    return None
+            return JsonSearch((value, start, start + length))
+        start = text.find("{", start + length)
+    if too_long is not None:
+        return JsonSearch(
+            None, f"the one at character {too_long} is longer than {max_chars} characters, not checked"
+        )
+    return JsonSearch(None)
 
 
 def leaf_values(value: object) -> Iterator[object]:
-    """Every scalar inside a JSON value, nested objects and arrays included."""
-    if isinstance(value, dict):
-        for item in value.values():
-            yield from leaf_values(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from leaf_values(item)
-    else:
-        yield value
+    """Every scalar inside a JSON value, nested objects and arrays included (iterative: any depth)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            pending.extend(reversed(item))
+        else:
+            yield item
 
 
 def normalize_key(key: str) -> str:
@@ -101,10 +158,11 @@ class JsonObjectOnly(_Check):
     def describe(self) -> str:
         return "the answer is one JSON object with nothing before or after it"
 
-    def check(self, text: str) -> list[str]:
-        found = find_json_object(text)
+    def check(self, text: str, search: JsonSearch | None = None) -> list[str]:
+        search = search or search_json(text)
+        found = search.found
         if found is None:
-            return [f"no JSON object in the answer {excerpt(text)}"]
+            return [f"{search.missing()} in the answer {excerpt(text)}"]
         _, start, end = found
         problems = []
         if before := text[:start].strip():
@@ -122,7 +180,7 @@ class Contains(_Check):
     def describe(self) -> str:
         return f"the answer contains {self.text!r}"
 
-    def check(self, text: str) -> list[str]:
+    def check(self, text: str, search: JsonSearch | None = None) -> list[str]:
         if _contains(text, self.text, case_sensitive=self.case_sensitive):
             return []
         return [f"the answer does not contain {self.text!r}"]
@@ -136,7 +194,7 @@ class NotContains(_Check):
     def describe(self) -> str:
         return f"the answer does not contain {self.text!r}"
 
-    def check(self, text: str) -> list[str]:
+    def check(self, text: str, search: JsonSearch | None = None) -> list[str]:
         if _contains(text, self.text, case_sensitive=self.case_sensitive):
             return [f"the answer contains {self.text!r}"]
         return []
@@ -151,10 +209,11 @@ class JsonValuesInclude(_Check):
     def describe(self) -> str:
         return f"the JSON object's values include {_listing(self.values)}"
 
-    def check(self, text: str) -> list[str]:
-        found = find_json_object(text)
+    def check(self, text: str, search: JsonSearch | None = None) -> list[str]:
+        search = search or search_json(text)
+        found = search.found
         if found is None:
-            return [f"no JSON object to find {_listing(self.values)} in"]
+            return [f"{search.missing()} to find {_listing(self.values)} in"]
         have = Counter(canonical(value) for value in leaf_values(found[0]))
         want = Counter(canonical(value) for value in self.values)
         problems = []
@@ -176,8 +235,8 @@ class JsonValuesExclude(_Check):
     def describe(self) -> str:
         return f"the JSON object's values include none of {_listing(self.values)}"
 
-    def check(self, text: str) -> list[str]:
-        found = find_json_object(text)
+    def check(self, text: str, search: JsonSearch | None = None) -> list[str]:
+        found = (search or search_json(text)).found
         if found is None:
             return []
         have = {canonical(value) for value in leaf_values(found[0])}
@@ -195,19 +254,20 @@ class JsonFieldEquals(_Check):
     def describe(self) -> str:
         return f"the JSON field named like {self.field!r} equals {_show(self.value)}"
 
-    def check(self, text: str) -> list[str]:
-        found = find_json_object(text)
+    def check(self, text: str, search: JsonSearch | None = None) -> list[str]:
+        search = search or search_json(text)
+        found = search.found
         if found is None:
-            return [f"no JSON object to find the field {self.field!r} in"]
+            return [f"{search.missing()} to find the field {self.field!r} in"]
         wanted = normalize_key(self.field)
         matching = {key: value for key, value in found[0].items() if wanted in normalize_key(key)}
         if not matching:
-            return [f"the JSON object has no field named like {self.field!r} (keys: {sorted(found[0])})"]
+            return [f"the JSON object has no field named like {self.field!r} (keys: {_keys(found[0])})"]
         return [
-            f"the JSON field {key!r} is {_show(value)}, expected {_show(self.value)}"
+            f"the JSON field {excerpt(key)} is {_show(value)}, expected {_show(self.value)}"
             for key, value in matching.items()
             if canonical(value) != canonical(self.value)
-        ]
+        ][:_LISTED_KEYS]
 
 
 Expectation = Annotated[
@@ -218,7 +278,8 @@ Expectation = Annotated[
 
 def violations(expectations: list[Expectation], text: str) -> list[str]:
     """Every expectation `text` breaks, one line each, in the order the expectations are listed."""
-    return [problem for expectation in expectations for problem in expectation.check(text)]
+    search = search_json(text) if expectations else None  # once for every JSON check
+    return [problem for expectation in expectations for problem in expectation.check(text, search)]
 
 
 def _contains(text: str, needle: str, *, case_sensitive: bool) -> bool:
@@ -236,7 +297,16 @@ def _unique(values: list[JsonScalar]) -> list[JsonScalar]:
 
 
 def _show(value: object) -> str:
-    return json.dumps(value)
+    """A value as JSON, shortened: an answer's values end up in the resource's status."""
+    shown = json.dumps(value)
+    return shown if len(shown) <= _EXCERPT_CHARS else shown[:_EXCERPT_CHARS] + "…"
+
+
+def _keys(obj: dict[str, object]) -> str:
+    """The first keys, each shortened, and how many more: an answer may hold any number of any length."""
+    keys = sorted(obj)
+    listed = "[" + ", ".join(excerpt(key, 40) for key in keys[:_LISTED_KEYS]) + "]"
+    return listed + (f" and {len(keys) - _LISTED_KEYS} more" if len(keys) > _LISTED_KEYS else "")
 
 
 def _listing(values: list[JsonScalar]) -> str:

@@ -9,6 +9,7 @@ a pure function of what was measured (`judge_pair`), so it is tested without any
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -121,7 +122,9 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
                 retry=retry,
                 request=entry,
             )
-            pairs.append(judge_pair(evidence, config))
+            # Judging scans two answers of up to the body cap: off the event loop, so the operator's
+            # other work (health probes, other resources) goes on meanwhile.
+            pairs.append(await asyncio.to_thread(judge_pair, evidence, config))
             index += 1
     verdict, reason = summarize(pairs)
     if suite_problem is not None and verdict is Verdict.PASSED:
@@ -643,10 +646,16 @@ def first_difference(first: str, second: str) -> int | None:
     """Index of the first character where the texts differ (or the shorter one ends); None if equal."""
     if first == second:
         return None
-    for index, (a, b) in enumerate(zip(first, second, strict=False)):
-        if a != b:
+    shorter = min(len(first), len(second))
+    # Compare blocks in C first, then characters within the first block that differs: linear and fast.
+    block = 4096
+    start = 0
+    while start < shorter and first[start : start + block] == second[start : start + block]:
+        start += block
+    for index in range(start, min(start + block, shorter)):
+        if first[index] != second[index]:
             return index
-    return min(len(first), len(second))
+    return shorter
 
 
 def _context(text: str, position: int) -> str:

@@ -11,7 +11,7 @@ import yaml
 
 from mooncake_operator import safe_yaml
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, parse_resource
-from mooncake_operator.render import Manifest, render_all, to_yaml_stream
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE, Manifest, render_all, to_yaml_stream
 
 EXIT_INVALID = 2
 
@@ -29,6 +29,13 @@ def register(subparsers: Any) -> None:
         metavar="UID",
         help="add owner references to this uid (the live resource's metadata.uid); "
         "without it there are none, since a reference to a uid that does not exist gets children deleted",
+    )
+    parser.add_argument(
+        "--operator-namespace",
+        default=DEFAULT_OPERATOR_NAMESPACE,
+        metavar="NS",
+        help="the namespace the operator runs in: the only one whose operator pods the NetworkPolicies admit "
+        f"(default: {DEFAULT_OPERATOR_NAMESPACE}, where docs/install.md installs it)",
     )
     parser.set_defaults(func=_run)
 
@@ -68,6 +75,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     manifests: list[Manifest] = []
     for resource in resources:
-        manifests += render_all(resource, owner_uid=args.owner_uid)
+        manifests += render_all(
+            resource, owner_uid=args.owner_uid, operator_namespace=args.operator_namespace
+        )
     sys.stdout.write(to_yaml_stream(manifests))
     return 0

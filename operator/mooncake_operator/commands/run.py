@@ -17,7 +17,14 @@ from kopf._core.engines.peering import Identity  # the type of kopf.run's identi
 from mooncake_operator.handlers import build_registry
 from mooncake_operator.kube import KubeClient, KubeConfigError
 from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings, default_identity
-from mooncake_operator.operator_settings import OperatorSettings, SettingsError, load_replica_endpoints
+from mooncake_operator.operator_settings import (
+    DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
+    DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
+    OperatorSettings,
+    SettingsError,
+    load_replica_endpoints,
+)
+from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE
 
 logger = logging.getLogger("mooncake_operator.run")
 
@@ -103,6 +110,52 @@ def register(subparsers: Any) -> None:
         help="canaries running at once across all resources (default: 8)",
     )
     parser.add_argument(
+        "--max-concurrent-canaries-per-namespace",
+        type=int,
+        default=2,
+        metavar="N",
+        help="of those, at most N for the resources of one namespace, so one tenant cannot hold every slot "
+        "(default: 2)",
+    )
+    parser.add_argument(
+        "--canary-max-timeout-seconds",
+        type=int,
+        default=600,
+        metavar="S",
+        help="ceiling on spec.canary.timeoutSeconds, one request's timeout (default: 600)",
+    )
+    parser.add_argument(
+        "--canary-run-deadline-seconds",
+        type=float,
+        default=3600.0,
+        metavar="S",
+        help="a canary run not finished after S seconds is ended as Inconclusive and its slot freed "
+        "(default: 3600)",
+    )
+    parser.add_argument(
+        "--operator-namespace",
+        metavar="NS",
+        help="the namespace this operator's pods run in: the resources' NetworkPolicies admit the operator "
+        f"from there only (default: $POD_NAMESPACE, else {DEFAULT_OPERATOR_NAMESPACE}; the chart passes "
+        "its release namespace)",
+    )
+    parser.add_argument(
+        "--canary-max-chat-body-bytes",
+        type=int,
+        default=DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
+        metavar="BYTES",
+        help="ceiling on spec.canary.maxChatBodyBytes: a resource asking for more gets this cap, so no "
+        f"tenant sizes the operator's memory (default: {DEFAULT_CANARY_MAX_CHAT_BODY_BYTES}, 16 MiB)",
+    )
+    parser.add_argument(
+        "--canary-max-metrics-body-bytes",
+        type=int,
+        default=DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
+        metavar="BYTES",
+        help="ceiling on spec.canary.maxMetricsBodyBytes "
+        f"(default: {DEFAULT_CANARY_MAX_METRICS_BODY_BYTES}, 32 MiB)",
+    )
+    parser.add_argument(
         "--leader-check-seconds",
         type=float,
         default=30.0,
@@ -170,11 +223,19 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         master_endpoints=masters,
         resync_seconds=args.resync_seconds,
         max_concurrent_canaries=args.max_concurrent_canaries,
+        max_concurrent_canaries_per_namespace=args.max_concurrent_canaries_per_namespace,
+        canary_max_timeout_seconds=args.canary_max_timeout_seconds,
+        canary_run_deadline_seconds=args.canary_run_deadline_seconds,
         leader_check_seconds=args.leader_check_seconds,
         retry_delay_seconds=args.retry_delay_seconds,
         inconclusive_retry_seconds=args.inconclusive_retry_seconds,
         request_timeout_seconds=args.request_timeout_seconds,
         watch_timeout_seconds=args.watch_timeout_seconds,
+        operator_namespace=args.operator_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or DEFAULT_OPERATOR_NAMESPACE,
+        canary_max_chat_body_bytes=args.canary_max_chat_body_bytes,
+        canary_max_metrics_body_bytes=args.canary_max_metrics_body_bytes,
     )
 
 

@@ -91,9 +91,36 @@ def is_older(candidate: str | None, stored: str | None) -> bool:
     return new is not None and old is not None and new < old
 
 
+# The pod labels the operator reads (the owner, the component, observe.REVISION_LABEL, the traffic label):
+# a pod's other labels are anyone's to add, and would all be kept.
+POD_LABELS_READ: Final = frozenset(
+    {render.LABEL_INSTANCE, render.LABEL_COMPONENT, "controller-revision-hash", render.TRAFFIC_LABEL}
+)
+
+
+def is_kept(obj: Mapping[str, Any]) -> bool:
+    """Whether the cache keeps `obj`. The watches select by the managed-by label, which anyone who may
+    create a ConfigMap can set: only a child with a controller reference to a MooncakeServing (what the
+    operator creates) or a pod of a workload controller is kept, so no stray labelled object fills it."""
+    kind = obj.get("kind")
+    if kind == api.KIND:
+        return True
+    references = (obj.get("metadata") or {}).get("ownerReferences") or []
+    if kind == "Pod":  # created by its StatefulSet, or the single master's Deployment's ReplicaSet
+        workloads = ("StatefulSet", "ReplicaSet")
+        return any(isinstance(ref, Mapping) and ref.get("kind") in workloads for ref in references)
+    return any(
+        isinstance(ref, Mapping)
+        and ref.get("controller") is True
+        and ref.get("kind") == api.KIND
+        and ref.get("apiVersion") == api.API_VERSION
+        for ref in references
+    )
+
+
 def project(obj: Mapping[str, Any]) -> Manifest:
     """What the cache keeps of an object: all but managedFields; of a pod, only what readiness reads
-    (`observe.pod_info`: name, uid, labels, deletion, Ready, restart counts)."""
+    (`observe.pod_info`: name, uid, the labels it reads, deletion, Ready, restart counts)."""
     metadata = {key: value for key, value in (obj.get("metadata") or {}).items() if key != "managedFields"}
     if obj.get("kind") != "Pod":
         return {**obj, "metadata": metadata}
@@ -102,9 +129,14 @@ def project(obj: Mapping[str, Any]) -> Manifest:
         "apiVersion": obj.get("apiVersion"),
         "kind": "Pod",
         "metadata": {
-            key: metadata[key]
-            for key in ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp")
-            if key in metadata
+            **{
+                key: metadata[key]
+                for key in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+                if key in metadata
+            },
+            "labels": {
+                key: value for key, value in (metadata.get("labels") or {}).items() if key in POD_LABELS_READ
+            },
         },
         "status": {
             "conditions": [
@@ -169,6 +201,9 @@ class Store:
         """Store `obj` unless the stored version is as new; True (and the owner told) when it changed."""
         key = _key(obj)
         version = resource_version(obj)
+        if not is_kept(obj):  # (and one that lost its owner reference goes)
+            self._delete(key, version)
+            return False
         stored = self.objects.get(key)
         if stored is not None and (
             is_older(version, stored.resource_version) or version == stored.resource_version

@@ -40,6 +40,7 @@ from mooncake_operator.reconcile.children import (
 from mooncake_operator.reconcile.observe import Observation, observe, replica_sets
 from mooncake_operator.reconcile.plan import Outcome
 from mooncake_operator.reconcile.revisions import read_verified_last_good, write_last_good
+from mooncake_operator.reconcile.slots import CanarySlots
 from mooncake_operator.reconcile.traffic import set_traffic
 
 logger = logging.getLogger("mooncake_operator.reconcile")
@@ -54,6 +55,15 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def one_line(text: str) -> str:
+    """`text` for one log line: a replica's words (error details, model names) reach canary reasons and
+    conditions, and a newline or a terminal escape in them must not start a forged operator log line."""
+    return "".join(
+        char if char.isprintable() or char == " " else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
+
+
 @dataclass
 class Runtime:
     """What every reconcile shares: settings, the API client, the watch cache, the canary's HTTP client,
@@ -65,7 +75,7 @@ class Runtime:
     http: httpx.AsyncClient
     metrics: OperatorMetrics
     wakes: Wakes
-    canary_slots: asyncio.Semaphore
+    canary_slots: CanarySlots
     clock: Callable[[], datetime] = utc_now
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
@@ -97,7 +107,9 @@ class Runtime:
             http=http,
             metrics=metrics,
             wakes=wakes,
-            canary_slots=asyncio.Semaphore(settings.max_concurrent_canaries),
+            canary_slots=CanarySlots(
+                settings.max_concurrent_canaries, settings.max_concurrent_canaries_per_namespace
+            ),
         )
         if settings.metrics_port:
             runtime.metrics_server = serve(metrics, settings.metrics_host, settings.metrics_port)
@@ -244,7 +256,7 @@ class _StatusWriter:
     async def _event(self, standing: status.Standing, ready: api.Condition | None) -> None:
         reason = ready.reason if ready else standing.phase
         message = f"{standing.phase}: {ready.message}" if ready else standing.phase
-        logger.info("%s/%s %s", self.namespace, self.name, message)
+        logger.info("%s/%s %s", self.namespace, self.name, one_line(message))
         await self.runtime.kube.create_event(
             self.body, reason=reason, message=message, type=status.event_type(standing.phase, reason)
         )
@@ -310,7 +322,11 @@ class _Pass:
         sets = plan.choose_sets(self.resource, self.state.current, live, render.replica_template_id(serving))
         policy = await self.runtime.policy_api_version()
         manifests = render.render_all(
-            serving, owner_uid=self.uid, policy_api_version=policy, replica_set=sets.active
+            serving,
+            owner_uid=self.uid,
+            policy_api_version=policy,
+            replica_set=sets.active,
+            operator_namespace=self.settings.operator_namespace,
         )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
@@ -349,7 +365,7 @@ class _Pass:
                 self.namespace,
                 serving.metadata.name,
                 fresh.canary.verdict,
-                fresh.canary.reason,
+                one_line(fresh.canary.reason),
             )
             now = self.runtime.clock()
             decision = plan.plan(replace(inputs, current=self.state.current, now=now, fresh=fresh))
@@ -414,8 +430,20 @@ class _Pass:
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
-        async with self.runtime.canary_slots:
-            result = await run_canary(proof.canary_config(serving.spec, urls), client=self.runtime.http)
+        config, lowered = self.settings.limit_canary(proof.canary_config(serving.spec, urls))
+        for note in lowered:
+            logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
+        deadline = self.settings.canary_run_deadline_seconds
+        result = await self.runtime.canary_slots.run(
+            self.namespace, deadline, lambda: run_canary(config, client=self.runtime.http)
+        )
+        if result is None:
+            why = (
+                f"the canary run did not finish within the operator's {deadline:g} s deadline "
+                "(--canary-run-deadline-seconds): replicas that accept and never answer?"
+            )
+            now = self.runtime.clock()
+            return plan.CanaryRun(proof.not_run_status(why, run_id="deadline", now=now, target=target))
         verdict = proof.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )

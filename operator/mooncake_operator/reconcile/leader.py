@@ -10,6 +10,8 @@ and words the event.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -20,7 +22,8 @@ from mooncake_operator.api import HighAvailabilityStatus, MooncakeServing
 from mooncake_operator.master_health import HEALTH_PATH, MasterView
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo
 
-PROBE_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = 3.0  # the whole probe: connect, headers and body
+HEALTH_BODY_CAP = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -32,16 +35,34 @@ class Leadership:
 
 async def master_views(http: httpx.AsyncClient, urls: Sequence[str]) -> list[MasterView | None]:
     """Each master's /health, by ordinal; None where it did not answer with a view."""
-    views: list[MasterView | None] = []
-    for url in urls:
-        try:
-            response = await http.get(url.rstrip("/") + HEALTH_PATH, timeout=PROBE_TIMEOUT_S)
-            body = response.json()
-        except (httpx.HTTPError, ValueError):
-            views.append(None)
-            continue
-        views.append(MasterView.parse(body) if isinstance(body, dict) else None)
-    return views
+    return [await master_view(http, url) for url in urls]
+
+
+async def master_view(http: httpx.AsyncClient, url: str) -> MasterView | None:
+    """One master's /health within PROBE_TIMEOUT_S in all and HEALTH_BODY_CAP bytes (the real body is
+    ~150 bytes): a pod that answers endlessly, or a byte at a time, costs one bounded probe."""
+    body = bytearray()
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            headers = {"Accept-Encoding": "identity"}
+            request = http.build_request("GET", url.rstrip("/") + HEALTH_PATH, headers=headers)
+            response = await http.send(request, stream=True)
+            try:
+                if response.headers.get("content-encoding", "identity").lower() != "identity":
+                    return None  # asked for identity: a compressed body could expand past the cap
+                async for chunk in response.aiter_raw():
+                    body += chunk
+                    if len(body) > HEALTH_BODY_CAP:
+                        return None
+            finally:
+                await response.aclose()
+    except (httpx.HTTPError, TimeoutError):
+        return None
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        return None
+    return MasterView.parse(payload) if isinstance(payload, dict) else None
 
 
 def decide(
