@@ -9,6 +9,7 @@ validator here, so an invalid resource is rejected whole before anything is rend
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
@@ -29,7 +30,18 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from mooncake_operator.canary.expectations import Expectation
-from mooncake_operator.canary.models import MAX_BODY_BYTES_LIMIT, Mismatch, Verdict, check_chat_request
+from mooncake_operator.canary.models import (
+    DEFAULT_MAX_DRIFT_NATS,
+    DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_TOP_K,
+    MAX_BODY_BYTES_LIMIT,
+    MAX_SUITE_REQUESTS,
+    MAX_TOP_K,
+    SUITE_NAME_PATTERN,
+    Mismatch,
+    Verdict,
+    check_chat_request,
+)
 
 GROUP = "serving.mooncake-operator.dev"
 VERSION = "v1alpha1"
@@ -1024,6 +1036,69 @@ class ExpectationSpec(BaseModel):
     kind: str = Field(min_length=1, description="The check, e.g. json_object_only, json_values_include.")
 
 
+class ComparisonSpec(ApiModel):
+    """How the warm answer is compared with the cold one (docs/canary.md: the rule and its sources)."""
+
+    mode: Literal["exact", "logprobs"] = Field(
+        default="logprobs",
+        description=(
+            "logprobs: identical tokens pass; at the first divergence both answers' logprobs decide a "
+            "benign near tie (passes, reported) from corruption. exact: token for token, for replicas "
+            "on batch-invariant kernels."
+        ),
+    )
+    top_k: int = Field(
+        default=DEFAULT_TOP_K, ge=1, le=MAX_TOP_K, description="top_logprobs asked for per token."
+    )
+    max_tie_gap_nats: float = Field(
+        default=DEFAULT_MAX_TIE_GAP_NATS,
+        ge=0,
+        le=10,
+        description="Largest logprob gap between the two tokens, on each side, of a benign divergence.",
+    )
+    max_drift_nats: float = Field(
+        default=DEFAULT_MAX_DRIFT_NATS,
+        ge=0,
+        le=10,
+        description="Largest cold-versus-warm logprob change of a shared token before the divergence.",
+    )
+
+    @field_validator("max_tie_gap_nats", "max_drift_nats")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class SuiteRequestSpec(ApiModel):
+    """One more request each canary pair runs after spec.canary.request."""
+
+    name: str = Field(pattern=SUITE_NAME_PATTERN, description="Shown in the report (a DNS label).")
+    request: dict[str, Any] = Field(description="Chat-completions request body.")
+    expectations: list[ExpectationSpec] | None = Field(
+        default=None, description="Checks its answers must pass; unset: judged warm against cold only."
+    )
+
+    @field_validator("request")
+    @classmethod
+    def _request_the_canary_can_send(cls, request: dict[str, Any]) -> dict[str, Any]:
+        check_chat_request(request)
+        return request
+
+    @field_validator("expectations")
+    @classmethod
+    def _checks_the_canary_knows(
+        cls, expectations: list[ExpectationSpec] | None
+    ) -> list[ExpectationSpec] | None:
+        if expectations is not None:
+            try:
+                _EXPECTATIONS.validate_python([item.model_dump() for item in expectations])
+            except ValidationError as error:
+                raise ValueError("; ".join(describe_validation_error(error))) from None
+        return expectations
+
+
 class CanarySpec(ApiModel):
     enabled: bool = True
     request: dict[str, Any] | None = Field(
@@ -1079,6 +1154,16 @@ class CanarySpec(ApiModel):
         ge=1024,
         le=MAX_BODY_BYTES_LIMIT,
         description="Cap on one metrics page, decoded; unset: 16 MiB. Over it the run is Inconclusive.",
+    )
+    comparison: ComparisonSpec = Field(default_factory=lambda: ComparisonSpec())
+    suite: list[SuiteRequestSpec] | None = Field(
+        default=None,
+        max_length=MAX_SUITE_REQUESTS,
+        description=(
+            "More requests each pair runs after `request`. Unset: the default block-boundary suite "
+            "(prompts ending exactly on, one past and one short of a block boundary, and one of many "
+            "blocks, padded with the replicas' own tokenizer); []: none."
+        ),
     )
 
     # The canary's own rules, so every reader of the models (render, crd, the operator) refuses the same
@@ -1201,6 +1286,26 @@ class ReplicaCounts(ApiModel):
     ready: int = Field(ge=0)
 
 
+class DivergenceEvidence(ApiModel):
+    """The first token where the warm answer left the cold one, and the margins that judged it."""
+
+    position: int = Field(ge=0, description="Index of the first differing token.")
+    kind: Literal["benign", "corruption", "unjudged"]
+    cold_token: str | None = None
+    warm_token: str | None = None
+    cold_gap_nats: float | None = Field(
+        default=None, description="In the cold distribution: |logprob(cold token) - logprob(warm token)|."
+    )
+    warm_gap_nats: float | None = Field(
+        default=None, description="In the warm distribution: |logprob(warm token) - logprob(cold token)|."
+    )
+    max_drift_nats: float | None = Field(
+        default=None, description="Largest cold-versus-warm change of a shared token's logprob before it."
+    )
+    shared_tokens: int = Field(default=0, ge=0)
+    reasons: list[str] = Field(default_factory=list, description="Why it is not benign.")
+
+
 class PairEvidence(ApiModel):
     writer: str
     reader: str
@@ -1215,6 +1320,10 @@ class PairEvidence(ApiModel):
     cold_latency_ms: float | None = Field(default=None, ge=0)
     warm_latency_ms: float | None = Field(default=None, ge=0)
     first_mismatch: Mismatch | None = None
+    request: str | None = Field(default=None, description="Which of the run's requests the pair ran.")
+    divergence: DivergenceEvidence | None = Field(
+        default=None, description="The first differing token, judged: benign (passed) or not."
+    )
     violations: list[str] = Field(default_factory=list, description="Expectations violated, one per entry.")
     notes: list[str] = Field(default_factory=list, description="Evidence that did not decide the verdict.")
 

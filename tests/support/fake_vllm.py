@@ -102,6 +102,26 @@ def answer_for(messages: Sequence[dict[str, Any]]) -> str:
     return f"Deterministic answer {digest[:16]}."
 
 
+_ANSWER_TOKEN = re.compile(r"\s*(?:\w+|[^\w\s])")
+_ALTERNATIVES = 19  # enough for any top_logprobs vLLM serves by default (20)
+
+
+def answer_logprobs(answer: str, top_logprobs: int, *, alternative_gap: float = 2.0) -> dict[str, Any]:
+    """OpenAI `choices[0].logprobs` for `answer`: each token's logprob is a stable function of the token
+    (-0.01..-0.05), its top list the token itself then alternatives `alternative_gap` nat below and
+    lower, sorted descending, as vLLM sends them for greedy decoding."""
+    content = []
+    for token in _ANSWER_TOKEN.findall(answer):
+        logprob = -0.01 * (1 + int(hashlib.sha256(token.encode()).hexdigest(), 16) % 5)
+        alternatives = [
+            {"token": f"<alt{rank}>", "logprob": logprob - alternative_gap - rank, "bytes": None}
+            for rank in range(_ALTERNATIVES)
+        ]
+        top = [{"token": token, "logprob": logprob, "bytes": None}, *alternatives][:top_logprobs]
+        content.append({"token": token, "logprob": logprob, "bytes": None, "top_logprobs": top})
+    return {"content": content}
+
+
 def corrupt(mode: Mode, answer: str) -> str:
     if answer == CORRECT_ANSWER:
         return _CORRUPTED_ANSWERS[mode]
@@ -176,6 +196,23 @@ def _build_metrics(model: str) -> _Metrics:
     return metrics
 
 
+_SPEC_DECODE = (
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
+)
+
+
+def _add_spec_decode_metrics(metrics: _Metrics, model: str) -> None:
+    """vLLM registers these at start-up (at 0) when a speculative config is set."""
+    engine = {"model_name": model, "engine": "0"}
+    for name in _SPEC_DECODE:
+        metrics.counters[name] = prometheus_client.Counter(
+            name, name, list(engine), registry=metrics.registry
+        )
+        metrics.counters[name].labels(**engine)
+
+
 class FakeReplica:
     """One fake vLLM server. Attributes may be changed while it runs (tests flip modes mid-run)."""
 
@@ -198,6 +235,11 @@ class FakeReplica:
         self.latency_s = latency_s
         self.prompt_tokens_details = prompt_tokens_details
         self.healthy = True
+        # With Eagle: whether the drafter runs (its counters rise); False: a request that turned it off.
+        self.spec_decode_runs = True
+        # Whether the replica honours `logprobs` (a proxy that strips them: False).
+        self.sends_logprobs = True
+        self.max_model_len = 4096
         # Rewrites of what the replica sends (tests of answers and metrics pages a real vLLM would not
         # give): a chat payload -> payload, a metrics page -> page.
         self.payload_filter: Callable[[dict[str, Any]], dict[str, Any]] | None = None
@@ -206,6 +248,8 @@ class FakeReplica:
         self._local_blocks: set[str] = set()
         self._lock = threading.Lock()
         self._metrics = _build_metrics(model)
+        if eagle:
+            _add_spec_decode_metrics(self._metrics, model)
         self._release = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -261,6 +305,13 @@ class FakeReplica:
         answer = answer_for(messages)
         if external and self.mode in _CORRUPTED_ANSWERS:
             answer = corrupt(self.mode, answer)
+        completion_tokens = len(_TOKEN.findall(answer))
+        if self.eagle and self.spec_decode_runs:
+            drafts = max(1, completion_tokens // 2)
+            engine = {"model_name": self.model, "engine": "0"}
+            self._metrics.counters["vllm:spec_decode_num_drafts"].labels(**engine).inc(drafts)
+            self._metrics.counters["vllm:spec_decode_num_draft_tokens"].labels(**engine).inc(3 * drafts)
+            self._metrics.counters["vllm:spec_decode_num_accepted_tokens"].labels(**engine).inc(drafts)
         usage: dict[str, Any] = {
             "prompt_tokens": len(tokens),
             "completion_tokens": len(_TOKEN.findall(answer)),
@@ -268,18 +319,20 @@ class FakeReplica:
         }
         if self.prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": local + external}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": answer, "reasoning_content": None},
+            "finish_reason": "stop",
+        }
+        top = body.get("top_logprobs")
+        if body.get("logprobs") and self.sends_logprobs:
+            choice["logprobs"] = answer_logprobs(answer, top if isinstance(top, int) else 0)
         return 200, {
             "id": f"chatcmpl-{hashlib.sha256(repr(time.time_ns()).encode()).hexdigest()[:16]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": answer, "reasoning_content": None},
-                    "finish_reason": "stop",
-                }
-            ],
+            "choices": [choice],
             "usage": usage,
         }
 
@@ -402,6 +455,11 @@ def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
             mode = replica.mode
             if mode is Mode.NOT_VLLM:
                 self._not_vllm()
+            elif (
+                self.path == "/tokenize" and isinstance(body, dict) and isinstance(body.get("messages"), list)
+            ):
+                count = len(tokenize(body["messages"]))
+                self._json(200, {"count": count, "max_model_len": replica.max_model_len, "tokens": []})
             elif self.path != "/v1/chat/completions":
                 self._json(404, {"detail": "Not Found"})
             elif mode is Mode.HANG:

@@ -10,7 +10,9 @@ import pytest
 from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator.canary import customer_request
-from mooncake_operator.cli import main
+from mooncake_operator.canary.models import Comparison, ComparisonMode
+from mooncake_operator.cli import build_parser, main
+from mooncake_operator.commands.canary import build_config
 
 pytestmark = pytest.mark.unit
 
@@ -25,9 +27,11 @@ def test_passing_replicas_print_a_table_and_exit_0(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert code == 0
     assert out.startswith("canary ")
-    assert ": Passed — all 2 pairs" in out
-    assert "expected hit: 128 tokens (block size 32, Eagle)" in out
+    # Two pairs, each running the request and the four block-boundary requests.
+    assert ": Passed — all 10 pairs" in out
+    assert "(block size 32, Eagle)" in out
     assert f"{cluster.urls[0]} -> {cluster.urls[1]}  Passed" in out
+    assert "cost: 20 chat requests (5 per pair: request, block-end, block-plus-one, block-minus-one" in out
     assert out.rstrip().endswith("exit 0")
 
 
@@ -305,3 +309,63 @@ def test_cap_and_connect_options_reach_the_config() -> None:
     config = build_config(args)
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8388608, 33554432)
     assert config.connect_timeout_s == 2.5
+
+
+def test_comparison_and_suite_flags_make_the_config() -> None:
+    args = build_parser().parse_args(
+        [
+            "canary",
+            "--replica",
+            "http://a:1",
+            "--replica",
+            "http://b:1",
+            "--compare",
+            "exact",
+            "--top-k",
+            "3",
+            "--max-tie-gap",
+            "0.2",
+            "--max-drift",
+            "0.05",
+            "--block-size",
+            "16",
+            "--no-suite",
+        ]
+    )
+    config = build_config(args)
+    assert config.comparison == Comparison(
+        mode=ComparisonMode.EXACT, top_k=3, max_tie_gap_nats=0.2, max_drift_nats=0.05
+    )
+    assert config.suite == "off"
+    default = build_config(
+        build_parser().parse_args(
+            ["canary", "--replica", "http://a:1", "--replica", "http://b:1", "--block-size", "16"]
+        )
+    )
+    assert default.suite == "default" and default.comparison == Comparison()
+    without_block_size = build_config(
+        build_parser().parse_args(["canary", "--replica", "http://a:1", "--replica", "http://b:1"])
+    )
+    assert without_block_size.suite == "off"
+
+
+def test_a_suite_file_is_read_and_bad_values_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("- name: short\n  request: {model: m, messages: [{role: user, content: hi}]}\n")
+    args = build_parser().parse_args(
+        ["canary", "--replica", "http://a:1", "--replica", "http://b:1", "--suite", str(suite)]
+    )
+    config = build_config(args)
+    assert isinstance(config.suite, list) and config.suite[0].name == "short"
+    suite.write_text("- name: Bad Name\n  request: {messages: [{role: user, content: hi}]}\n")
+    assert main(["canary", "--replica", "http://a:1", "--replica", "http://b:1", "--suite", str(suite)]) == 3
+    assert "name" in capsys.readouterr().err
+    assert main(["canary", "--replica", "http://a:1", "--replica", "http://b:1", "--top-k", "50"]) == 3
+    assert main(["canary", "--replica", "http://a:1", "--replica", "http://b:1", "--max-tie-gap", "nan"]) == 3
+
+
+def test_comparison_flags_are_refused_with_a_resource(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["canary", "--resource", "default/x", "--max-tie-gap", "0.5"]) == 3
+    assert "--max-tie-gap cannot be given with --resource" in capsys.readouterr().err

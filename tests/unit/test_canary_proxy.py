@@ -127,11 +127,13 @@ def test_outside_the_cluster_the_canary_proves_the_replicas_through_the_api_serv
     result = json.loads(captured.out)
     assert result["verdict"] == "Passed"
     assert "through the API server's pods proxy (chat-replica-0, chat-replica-1)" in captured.err
-    # Chat requests (POST) and metrics reads (GET) all went through the proxy, with the user's token.
+    # Chat requests and the suite's /tokenize (POST) and metrics reads (GET) all went through the
+    # proxy, with the user's token.
     assert {line.split(" ", 1)[0] for line in state.proxied} == {"GET", "POST"}
     assert {re.sub(r"replica-\d", "replica-N", line.split(" ", 1)[1]) for line in state.proxied} == {
         "/api/v1/namespaces/serving-a/pods/chat-replica-N:8080/proxy/metrics",
         "/api/v1/namespaces/serving-a/pods/chat-replica-N:8080/proxy/v1/chat/completions",
+        "/api/v1/namespaces/serving-a/pods/chat-replica-N:8080/proxy/tokenize",
     }
     assert state.tokens == {"Bearer laptop-token"}
     assert [review["verb"] for review in state.reviews] == ["get", "create"]

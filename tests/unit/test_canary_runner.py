@@ -32,6 +32,9 @@ from mooncake_operator.canary.runner import PairMeasurement
 pytestmark = pytest.mark.unit
 
 EAGLE_32: dict[str, Any] = {"block_size": 32, "eagle": True}
+# The reader's spec-decode counters around a warm request with Eagle: the drafter ran.
+_SPEC_BEFORE: dict[str, Any] = {"spec_decode_drafts": 0, "spec_decode_draft_tokens": 0}
+_SPEC_AFTER: dict[str, Any] = {"spec_decode_drafts": 6, "spec_decode_draft_tokens": 18}
 
 
 async def canary(cluster: FakeCluster, **options: Any) -> CanaryResult:
@@ -103,9 +106,12 @@ async def test_each_customer_corruption_fails_with_position_texts_and_violations
     assert pair.warm is not None and pair.cold is not None
     assert pair.cold.text == CORRECT_ANSWER and pair.warm.text != CORRECT_ANSWER
     assert pair.cold.text[: pair.mismatch.position] == pair.warm.text[: pair.mismatch.position]
+    # The distributions say corruption, with the first differing token and its margins.
+    assert pair.divergence is not None and pair.divergence.kind == "corruption"
     assert pair.reasons[0].startswith(
-        f"warm answer differs from the cold one at character {pair.mismatch.position}"
+        "warm answer diverges from the cold one: corruption divergence at token"
     )
+    assert "not in the cold answer's top-5" in pair.reasons[0]
     assert violation in pair.expectation_violations
     assert not any(problem.startswith("cold") for problem in pair.expectation_violations)
     assert pair.external_hit_tokens == 128  # it did load: the corruption is real, not a cold recompute
@@ -146,7 +152,7 @@ def test_a_reader_that_found_nothing_is_explained_by_the_writers_saves(
     )
     evidence = replace(
         _evidence(),
-        after=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}),
+        after=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}, **_SPEC_AFTER),
         writer_before=writer_before,
         writer_after=writer_after,
     )
@@ -337,12 +343,16 @@ async def test_content_checks_off_still_demands_equal_answers_and_the_hit() -> N
 async def test_a_client_can_be_injected() -> None:
     """An httpx transport stands in for the replicas: the canary uses the client it is given."""
     hits = {"http://a:8000": 0, "http://b:8000": 0}
+    labels = 'model_name="MiniMaxAI/MiniMax-M2.5",engine="0"'
 
     def replica(request: httpx.Request) -> httpx.Response:
         base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         if request.url.path == "/metrics":
             return httpx.Response(
-                200, text=f'vllm:external_prefix_cache_hits_total{{engine="0"}} {hits[base]}\n'
+                200,
+                text=f"vllm:external_prefix_cache_hits_total{{{labels}}} {hits[base]}\n"
+                f"vllm:spec_decode_num_drafts_total{{{labels}}} {hits[base]}\n"
+                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {hits[base]}\n",
             )
         hits[base] += 128
         body = {"choices": [{"message": {"content": CORRECT_ANSWER}, "finish_reason": "stop"}]}
@@ -420,8 +430,10 @@ def _evidence(
         cache_salt="canary-x-0-y",
         cold=answer("http://a:1/v1/chat/completions", 185, None),
         warm=answer("http://b:1/v1/chat/completions", warm_prompt_tokens, warm_cached),
-        before=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}),
-        after=StoreCounters(external_hit_tokens=128, store_keys_by_operation={"load_get": load_get}),
+        before=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}, **_SPEC_BEFORE),
+        after=StoreCounters(
+            external_hit_tokens=128, store_keys_by_operation={"load_get": load_get}, **_SPEC_AFTER
+        ),
         metrics_error=None,
         wall_s=0.1,
     )

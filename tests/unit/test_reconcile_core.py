@@ -26,7 +26,12 @@ pytestmark = pytest.mark.unit
 MASTER_REPLICA_SET = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "controller": True}
 
 
-def runtime_answering(handler: Callable[[httpx.Request], httpx.Response], *, lists: bool = False) -> Runtime:
+def runtime_answering(
+    handler: Callable[[httpx.Request], httpx.Response],
+    *,
+    lists: bool = False,
+    replica_endpoints: dict[str, tuple[str, ...]] | None = None,
+) -> Runtime:
     """A runtime whose watches see no change and whose every other request `handler` answers; the watch
     cache's first lists find nothing unless `lists` (then `handler` answers them too)."""
 
@@ -39,7 +44,13 @@ def runtime_answering(handler: Callable[[httpx.Request], httpx.Response], *, lis
 
     config = KubeConfig(server="https://127.0.0.1:6443", token="t")
     kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    settings = OperatorSettings(kube=config, namespaces=("ns",), retry_delay_seconds=3, metrics_port=0)
+    settings = OperatorSettings(
+        kube=config,
+        namespaces=("ns",),
+        retry_delay_seconds=3,
+        metrics_port=0,
+        replica_endpoints=replica_endpoints or {},
+    )
     return Runtime.start(settings, kube)
 
 
@@ -403,3 +414,66 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
         assert labels[render.TRAFFIC_LABEL] == "on"
         labels = world.objects[f"/api/v1/namespaces/ns/pods/demo-replica-{i}"]["metadata"]["labels"]
         assert labels[render.TRAFFIC_LABEL] == "off"
+
+
+async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runtime]) -> None:
+    """The operator's canary on fake replicas whose last answer token is a near tie tipped on the reader:
+    the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so."""
+    from tests.support.fake_vllm import FakeCluster
+
+    from mooncake_operator.reconcile.core import _Pass, _StatusWriter
+    from mooncake_operator.reconcile.proof import current_target
+
+    events: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.endswith("/events"):
+            events.append(json.loads(request.content))
+            return httpx.Response(201, json=json.loads(request.content))
+        return httpx.Response(404, json={"kind": "Status", "code": 404})
+
+    def tie(choose: str, other: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        def rewrite(payload: dict[str, Any]) -> dict[str, Any]:
+            choice = payload["choices"][0]
+            last = choice["logprobs"]["content"][-1]
+            top = [{"token": choose, "logprob": -0.7}, {"token": other, "logprob": -0.75}]
+            choice["logprobs"]["content"][-1] = {
+                **last,
+                "token": choose,
+                "logprob": -0.7,
+                "top_logprobs": top,
+            }
+            choice["message"]["content"] = choice["message"]["content"][: -len(last["token"])] + choose
+            return payload
+
+        return rewrite
+
+    with FakeCluster.start(2, block_size=16) as cluster:
+        cluster[0].payload_filter = tie(".", "!")
+        cluster[1].payload_filter = tie("!", ".")
+        wire = customer_deployment().to_wire()
+        wire["metadata"].update(name="x", namespace="ns", uid="u1")
+        wire["spec"]["canary"] = {
+            "pairs": "first",
+            "expectations": [],
+            "suite": [],
+            "request": {"messages": [{"role": "user", "content": "word " * 100}], "max_tokens": 8},
+        }
+        serving = MooncakeServing.model_validate(wire)
+        runtime = runtime_answering(handler, replica_endpoints={"ns/x-replica": tuple(cluster.urls)})
+        closing.append(runtime)
+        state = _StatusWriter(runtime, wire)
+        run = await _Pass(runtime, wire, serving, state).run_canary(
+            serving,
+            "x-replica",
+            current_target(
+                revision="r", generation=1, replica_pods=[], master_pod=None, master_restarts=0, rerun=None
+            ),
+        )
+    assert run.canary.verdict == "Passed", run.canary.reason
+    divergence = run.canary.pairs[0].divergence
+    assert divergence is not None and divergence.kind == "benign"
+    assert (divergence.cold_token, divergence.warm_token) == (".", "!")
+    [event] = events
+    assert event["reason"] == "CanaryBenignDivergence" and event["type"] == "Normal"
+    assert "passed over a benign divergence" in event["message"]

@@ -10,7 +10,14 @@ import pytest
 from mooncake_operator import api
 from mooncake_operator.api import CanaryStatus
 from mooncake_operator.canary import CanaryResult, ChatAnswer, Mismatch, PairResult, customer_request
-from mooncake_operator.canary.models import ErrorKind, Verdict
+from mooncake_operator.canary.models import (
+    Comparison,
+    ComparisonMode,
+    Divergence,
+    DivergenceKind,
+    ErrorKind,
+    Verdict,
+)
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.reconcile import proof
 
@@ -218,3 +225,100 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
     assert first["notes"] == ["double prune"]
     assert "externalHitTokens" not in wire["pairs"][1]  # a counter that went down is no evidence
     assert wire["target"]["revision"] == "r1"
+
+
+def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
+    default = proof.canary_config(spec_with(), URLS)
+    assert default.comparison == Comparison() and default.suite == "default"
+    own = proof.canary_config(
+        spec_with(
+            comparison={"mode": "exact", "topK": 3, "maxTieGapNats": 0.2, "maxDriftNats": 0.05},
+            suite=[{"name": "short", "request": {"messages": [{"role": "user", "content": "hi"}]}}],
+        ),
+        URLS,
+    )
+    assert own.comparison == Comparison(
+        mode=ComparisonMode.EXACT, top_k=3, max_tie_gap_nats=0.2, max_drift_nats=0.05
+    )
+    assert isinstance(own.suite, list) and own.suite[0].name == "short"
+    assert own.suite[0].request["model"] == customer_deployment().spec.model.name
+    assert proof.canary_config(spec_with(suite=[]), URLS).suite == "off"
+
+
+@pytest.mark.parametrize(
+    ("canary", "message"),
+    [
+        ({"comparison": {"mode": "fuzzy"}}, "mode"),
+        ({"comparison": {"topK": 21}}, "topK"),
+        ({"comparison": {"maxTieGapNats": -1}}, "maxTieGapNats"),
+        (
+            {"suite": [{"name": "Bad Name", "request": {"messages": [{"role": "user", "content": "x"}]}}]},
+            "name",
+        ),
+        (
+            {
+                "suite": [
+                    {
+                        "name": "x",
+                        "request": {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+                    }
+                ]
+            },
+            "logprobs",
+        ),
+    ],
+)
+def test_bad_comparison_or_suite_specs_are_refused(canary: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        spec_with(**canary)
+
+
+BENIGN = Divergence(
+    position=3,
+    cold_token=" is",
+    warm_token=" was",
+    kind=DivergenceKind.BENIGN,
+    cold_gap_nats=0.05,
+    warm_gap_nats=0.04,
+    shared_tokens=3,
+    max_drift_nats=0.01,
+    top_k=5,
+    max_tie_gap_nats_allowed=0.125,
+    max_drift_nats_allowed=0.1,
+)
+
+
+def test_a_benign_divergence_is_in_the_status_and_the_event_message() -> None:
+    run = result(
+        pair(0, Verdict.PASSED, answers_equal=False, divergence=BENIGN, request_name="block-end"),
+        pair(1, Verdict.PASSED),
+        verdict=Verdict.PASSED,
+    )
+    status = proof.canary_status(run, verdict=Verdict.PASSED, target=target(), pod_names=PODS)
+    evidence = status.pairs[0].divergence
+    assert evidence is not None and evidence.kind == "benign"
+    assert (evidence.position, evidence.cold_token, evidence.warm_token) == (3, " is", " was")
+    assert (evidence.cold_gap_nats, evidence.warm_gap_nats, evidence.max_drift_nats) == (0.05, 0.04, 0.01)
+    assert status.pairs[0].request == "block-end"
+    assert status.to_wire()["pairs"][0]["divergence"]["coldGapNats"] == 0.05
+    message = proof.benign_divergence_message(run, PODS)
+    assert message is not None
+    assert message.startswith(
+        "run run1: 1 pair(s) passed over a benign divergence; block-end x-replica-0 -> x-replica-1"
+    )
+    assert "cold ' is', warm ' was'" in message
+    assert (
+        proof.benign_divergence_message(result(pair(0, Verdict.PASSED), verdict=Verdict.PASSED), PODS) is None
+    )
+
+
+def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> None:
+    unproven = result(
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=BENIGN), verdict=Verdict.INCONCLUSIVE
+    )
+    assert proof.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    corrupt = BENIGN.model_copy(update={"kind": DivergenceKind.CORRUPTION})
+    failing = result(
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=corrupt), verdict=Verdict.INCONCLUSIVE
+    )
+    assert proof.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE

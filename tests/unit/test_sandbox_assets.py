@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from mooncake_operator.sandbox.engine_env import EngineEnv, cache_root, installation_problems
 from mooncake_operator.sandbox.engines import EngineMode, patcher_script, patcher_status, prepare_engine
-from mooncake_operator.sandbox.models import GENERATOR, TinyModels, generate_models, models_dir
+from mooncake_operator.sandbox.models import (
+    GENERATOR,
+    PERTURBATION_GENERATOR,
+    TinyModels,
+    ensure_tiny_models,
+    generate_models,
+    models_dir,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -108,3 +116,86 @@ def test_overlays_are_buggy_and_patched_and_the_install_is_untouched(
     # A second call reuses the cached overlay.
     again = prepare_engine(engine, EngineMode.BUGGY, tmp_path, log=lambda line: pytest.fail(line))
     assert again.pythonpath == buggy.pythonpath
+
+
+# Runs in the engine venv: what the perturbed copy changed, and how far a logit can move.
+PERTURBATION_PROBE = """
+import json, sys
+import torch
+from safetensors.torch import load_file
+original, perturbed = load_file(sys.argv[1]), load_file(sys.argv[2])
+changed = sorted(name for name in original if not torch.equal(original[name], perturbed[name]))
+moved = perturbed["lm_head.weight"].float() - original["lm_head.weight"].float()
+hidden = moved.shape[1]
+# The worst final hidden state for each row (the RMSNorm output has |h| < sqrt(hidden) with gain 1).
+worst = float(moved.norm(dim=1).max()) * hidden ** 0.5
+h = torch.nn.functional.normalize(torch.randn(64, hidden, generator=torch.Generator().manual_seed(1)), dim=1)
+sampled = float((h * hidden ** 0.5 @ moved.T).abs().max())
+zero_rows = [int(i) for i in range(3) if perturbed["lm_head.weight"][i].abs().sum() == 0]
+print(json.dumps({"changed": changed, "worst": worst, "sampled": sampled, "zero_rows": zero_rows}))
+"""
+
+
+def test_the_perturbed_target_moves_logits_by_at_most_its_bound(engine: EngineEnv, tmp_path: Path) -> None:
+    models = ensure_tiny_models(engine, cache_root(), log=print)
+    # Generated from the cached tiny models, twice, into directories of this test's own.
+    result = subprocess.run(
+        [
+            str(engine.python),
+            str(PERTURBATION_GENERATOR),
+            str(models.target),
+            str(tmp_path / "a" / "target"),
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(result.stdout)
+    again = subprocess.run(
+        [
+            str(engine.python),
+            str(PERTURBATION_GENERATOR),
+            str(models.target),
+            str(tmp_path / "b" / "target"),
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(again.stdout) == report
+    a, b = tmp_path / "a" / "target", tmp_path / "b" / "target"
+    assert _digest(a / "model.safetensors") == _digest(b / "model.safetensors"), "deterministic"
+    for same in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert _digest(a / same) == _digest(models.target / same)
+    probe = subprocess.run(
+        [
+            str(engine.python),
+            "-c",
+            PERTURBATION_PROBE,
+            str(models.target / "model.safetensors"),
+            str(a / "model.safetensors"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    facts = json.loads(probe.stdout)
+    assert facts["changed"] == ["lm_head.weight"], (
+        "every layer before lm_head, so every KV block, is unchanged"
+    )
+    assert facts["zero_rows"] == [0, 1, 2], "special tokens stay silent"
+    assert facts["sampled"] <= facts["worst"] <= report["effective_bound_nats"] < 0.1 * 1.5
+    assert report["bound_nats"] == 0.1 and 0 < report["typical_move_nats"] < 0.1
+
+
+def test_the_perturbation_generator_refuses_bad_bounds(engine: EngineEnv, tmp_path: Path) -> None:
+    for bound in ("0", "-0.1", "nan", "x"):
+        result = subprocess.run(
+            [str(engine.python), str(PERTURBATION_GENERATOR), "src", str(tmp_path / "target"), bound],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 2 and "BOUND_NATS" in result.stderr

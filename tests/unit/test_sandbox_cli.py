@@ -148,3 +148,31 @@ def test_the_revision_change_scenario_refuses_ha_masters(capsys: pytest.CaptureF
     args = _parse("--scenario", "revision-change", "--master-ha")
     assert args.func(args) == command.ExitCode.USAGE_OR_ENVIRONMENT
     assert "drop --master-ha" in capsys.readouterr().err
+
+
+def test_perturb_reader_parses_into_the_sandbox_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _parse().perturb_reader is None
+    args = _parse("--perturb-reader", "0.2")
+    assert args.perturb_reader == 0.2
+    seen: list[SandboxOptions] = []
+    monkeypatch.setattr(command, "prepare", lambda engines, log: None)
+    monkeypatch.setattr(command, "_enter_private_netns", lambda: True)
+    monkeypatch.setattr(command, "run_sandbox", lambda options, *a, **k: seen.append(options) or 0)
+    assert args.func(args) == 0
+    assert (seen[0].perturb_nats, seen[0].perturbed) == (0.2, (1,))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "11", "x"])
+def test_perturb_reader_refuses_nonsense(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        _parse("--perturb-reader", value)
+    assert caught.value.code == command.ExitCode.USAGE_OR_ENVIRONMENT
+    assert "--perturb-reader" in capsys.readouterr().err
+
+
+def test_perturb_reader_is_refused_in_the_revision_change_scenario(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = _parse("--scenario", "revision-change", "--perturb-reader", "0.1")
+    assert args.func(args) == command.ExitCode.USAGE_OR_ENVIRONMENT
+    assert "--perturb-reader applies to the canary scenario" in capsys.readouterr().err

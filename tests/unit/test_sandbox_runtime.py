@@ -9,6 +9,7 @@ tears down, in well under a minute.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -33,7 +34,12 @@ from mooncake_operator.sandbox import (
     start_sandbox,
 )
 from mooncake_operator.sandbox.engine_env import EngineEnv
-from mooncake_operator.sandbox.models import TinyModels
+from mooncake_operator.sandbox.models import (
+    PERTURBATION_GENERATOR,
+    PerturbedTarget,
+    TinyModels,
+    perturbed_dir,
+)
 from mooncake_operator.sandbox.processes import group_members, port_is_free
 from mooncake_operator.sandbox.runtime import (
     MASTER_EXTRA_ARGS,
@@ -416,3 +422,77 @@ def test_no_speculative_spec_is_the_customer_spec_without_its_draft() -> None:
 def test_replica_count_is_bounded() -> None:
     with pytest.raises(ValueError, match="between 1 and 8"):
         SandboxOptions(replicas=0)
+
+
+def _fake_perturbed_target(models: TinyModels, bound: float) -> Path:
+    """What perturbed_model.py leaves behind (the fake engine venv cannot run it)."""
+    path = perturbed_dir(models, bound)
+    path.mkdir(parents=True)
+    report = {"bound_nats": bound, "effective_bound_nats": bound * 1.1, "typical_move_nats": bound / 11}
+    (path / "perturbation.json").write_text(json.dumps(report))
+    return path
+
+
+async def test_a_perturbed_replica_differs_from_the_others_only_in_its_model_directory(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    perturbed = _fake_perturbed_target(prepared.models, 0.2)
+    options = _options(tmp_path, perturb_nats=0.2, segment_drop_wait_s=0.5)
+    async with start_sandbox(
+        options, progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        replica_a, replica_b = sandbox.replicas
+        (seen_a,) = _recorded(records, replica_a.port)
+        (seen_b,) = _recorded(records, replica_b.port)
+        argv_a, argv_b = seen_a["argv"], seen_b["argv"]
+        assert isinstance(argv_a, list) and isinstance(argv_b, list)
+        model_at = argv_a.index("--model") + 1
+        assert argv_a[model_at] == str(prepared.models.target)
+        assert argv_b[model_at] == str(perturbed) and perturbed.name == "target"  # same store key
+        differing = {index for index, (a, b) in enumerate(zip(argv_a, argv_b, strict=True)) if a != b}
+        assert differing == {model_at, argv_a.index("--port") + 1}
+        assert sandbox.key_namespace(replica_a) == sandbox.key_namespace(replica_b)
+        assert "lm_head perturbed: every logit moves by at most 0.22 nats" in sandbox.describe()[-1]
+
+        await sandbox.restart_replica(1, engine=EngineMode.PATCHED)  # the perturbation is kept
+        await sandbox.restart_replica(1, perturb_nats=None)  # and dropped
+        _, kept, dropped = _recorded(records, replica_b.port)
+        assert kept["argv"][model_at] == str(perturbed)  # type: ignore[index]
+        assert dropped["argv"][model_at] == str(prepared.models.target)  # type: ignore[index]
+        assert replica_b.perturb_nats is None
+
+        await sandbox.restart_replicas([0, 1], perturb_nats={1: 0.2})  # per replica
+        assert _recorded(records, replica_a.port)[-1]["argv"][model_at] == str(prepared.models.target)  # type: ignore[index]
+        assert _recorded(records, replica_b.port)[-1]["argv"][model_at] == str(perturbed)  # type: ignore[index]
+        assert (replica_a.perturb_nats, replica_b.perturb_nats) == (None, 0.2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"perturb_nats": 0.0}, "between 0 and 10 nats"),
+        ({"perturb_nats": float("nan")}, "between 0 and 10 nats"),
+        ({"perturb_nats": 11.0}, "between 0 and 10 nats"),
+        ({"perturb_nats": 0.1, "perturbed": (2,)}, "indices of the 2 replicas"),
+        ({"perturb_nats": 0.1, "perturbed": ()}, "indices of the 2 replicas"),
+    ],
+)
+def test_perturbation_options_are_checked(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SandboxOptions(**changes)  # type: ignore[arg-type]
+
+
+def test_the_perturbed_copy_is_of_revision_1_only(tmp_path: Path) -> None:
+    models = TinyModels(tmp_path)
+    copy = PerturbedTarget(perturbed_dir(models, 0.1), 0.1, 0.11, 0.01)
+    assert substitutions_for(models, speculative=True, perturbed=copy).model_path == str(copy.path)
+    with pytest.raises(ValueError, match="revision 1"):
+        substitutions_for(models, speculative=True, revision=2, perturbed=copy)
+
+
+def test_perturbed_copies_are_cached_per_bound_and_generator(tmp_path: Path) -> None:
+    models = TinyModels(tmp_path)
+    first, second = perturbed_dir(models, 0.1), perturbed_dir(models, 0.2)
+    assert first != second and first.name == second.name == "target"
+    digest = hashlib.sha256(PERTURBATION_GENERATOR.read_bytes()).hexdigest()[:16]
+    assert first.parent.name == f"{digest}-0.1"

@@ -24,12 +24,15 @@ from typing import Any
 
 import httpx
 
+from mooncake_operator.canary.divergence import LogprobsError, parse_logprobs
 from mooncake_operator.canary.metrics import (
     COUNTER_NAMES,
     EXTERNAL_HITS,
     MetricsFormatError,
+    ModelSeriesError,
     has_vllm_metrics,
     parse_samples,
+    select_model,
     store_counters,
 )
 from mooncake_operator.canary.models import (
@@ -98,11 +101,19 @@ async def chat(
     retry: RetryPolicy = NO_RETRY,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
     max_body_bytes: int = DEFAULT_MAX_CHAT_BODY_BYTES,
+    top_logprobs: int | None = None,
 ) -> ChatAnswer:
-    """POST `request` (plus `cache_salt` when given) to the replica's chat endpoint; never raises for I/O."""
+    """POST `request` (plus `cache_salt` when given) to the replica's chat endpoint; never raises for I/O.
+
+    With `top_logprobs`, asks for per-token logprobs with that many alternatives and parses them
+    strictly (bounded by the request's max_tokens); malformed logprobs make a MALFORMED answer.
+    """
     body = dict(request)
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    if top_logprobs is not None:
+        body["logprobs"] = True
+        body["top_logprobs"] = top_logprobs
     exchange = await _exchange(
         client,
         "POST",
@@ -122,8 +133,22 @@ async def chat(
             error=exchange.error,
         )
     return parse_chat_response(
-        exchange.url, exchange.response, latency_s=exchange.latency_s, attempts=exchange.attempts
+        exchange.url,
+        exchange.response,
+        latency_s=exchange.latency_s,
+        attempts=exchange.attempts,
+        top_logprobs=top_logprobs,
+        max_tokens=requested_max_tokens(request),
     )
+
+
+def requested_max_tokens(request: dict[str, Any]) -> int | None:
+    """The answer tokens a request allows (max_completion_tokens, else max_tokens); None: unbounded."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = request.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 async def scrape_counters(
@@ -134,8 +159,10 @@ async def scrape_counters(
     retry: RetryPolicy = NO_RETRY,
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
     max_body_bytes: int = DEFAULT_MAX_METRICS_BODY_BYTES,
+    model: str | None = None,
 ) -> StoreCounters:
-    """The replica's cache and store counters; raises CounterScrapeError with a clear message."""
+    """The replica's cache, store and spec-decode counters of `model` (None: the page's only model);
+    raises CounterScrapeError with a clear message."""
     exchange = await _exchange(
         client,
         "GET",
@@ -153,11 +180,22 @@ async def scrape_counters(
     if response is None:
         assert exchange.error_kind is not None and exchange.error is not None
         raise CounterScrapeError(exchange.error_kind, exchange.error, latency_s=exchange.latency_s)
-    return parse_metrics_response(exchange.url, response, latency_s=exchange.latency_s)
+    return parse_metrics_response(exchange.url, response, latency_s=exchange.latency_s, model=model)
 
 
-def parse_chat_response(url: str, response: httpx.Response, *, latency_s: float, attempts: int) -> ChatAnswer:
-    """A chat completion from an HTTP response, or a ChatAnswer that says precisely what is wrong."""
+def parse_chat_response(
+    url: str,
+    response: httpx.Response,
+    *,
+    latency_s: float,
+    attempts: int,
+    top_logprobs: int | None = None,
+    max_tokens: int | None = None,
+) -> ChatAnswer:
+    """A chat completion from an HTTP response, or a ChatAnswer that says precisely what is wrong.
+
+    With `top_logprobs` (they were asked for), `choices[0].logprobs` is parsed strictly
+    (`parse_logprobs`); without, it is ignored."""
     base = {"url": url, "status": response.status_code, "latency_s": latency_s, "attempts": attempts}
     excerpt = _body_excerpt(response)
     if response.status_code != 200:
@@ -196,6 +234,12 @@ def parse_chat_response(url: str, response: httpx.Response, *, latency_s: float,
             f"POST {url} answered 200 but the answer is not valid Unicode text (a lone surrogate escape)",
         )
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    logprobs = None
+    if top_logprobs is not None:
+        try:
+            logprobs = parse_logprobs(choices[0].get("logprobs"), top_k=top_logprobs, max_entries=max_tokens)
+        except LogprobsError as error:
+            return _malformed(base, excerpt, f"POST {url} answered 200 with impossible logprobs: {error}")
     details = usage.get("prompt_tokens_details")
     model = payload.get("model")
     return ChatAnswer(
@@ -207,10 +251,13 @@ def parse_chat_response(url: str, response: httpx.Response, *, latency_s: float,
         prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
         completion_tokens=_int_or_none(usage.get("completion_tokens")),
         cached_tokens=_int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None,
+        logprobs=logprobs,
     )
 
 
-def parse_metrics_response(url: str, response: httpx.Response, *, latency_s: float) -> StoreCounters:
+def parse_metrics_response(
+    url: str, response: httpx.Response, *, latency_s: float, model: str | None = None
+) -> StoreCounters:
     if response.status_code != 200:
         hint = " (no metrics endpoint: is this a vLLM server?)" if response.status_code == 404 else ""
         raise CounterScrapeError(
@@ -229,6 +276,12 @@ def parse_metrics_response(url: str, response: httpx.Response, *, latency_s: flo
         raise CounterScrapeError(
             ErrorKind.MALFORMED, f"GET {url} is not Prometheus text: {error}", latency_s=latency_s
         ) from None
+    if any(sample.name == EXTERNAL_HITS for sample in samples):
+        try:
+            samples = select_model(samples, model)
+        except ModelSeriesError as error:
+            message = f"GET {url}: {error}"
+            raise CounterScrapeError(ErrorKind.MALFORMED, message, latency_s=latency_s) from None
     counters = store_counters(samples, latency_s=latency_s)
     if counters.external_hit_tokens is None:
         raise CounterScrapeError(

@@ -4,7 +4,9 @@ Names and labels as vLLM 0.32 registers them (`vllm/v1/metrics/loggers.py` and
 `vllm/distributed/kv_transfer/kv_connector/v1/mooncake/store/metrics.py`); Prometheus' client appends
 `_total` to counters. Every counter carries `model_name` and `engine` labels (one label set per
 engine core); the Mooncake ones add `operation` (`lookup_exists`, `save_exists`, `save_put`,
-`load_get`) and `status` (`ok`, `partial_failure`, `error`). We sum over label sets.
+`load_get`) and `status` (`ok`, `partial_failure`, `error`). A page can carry several models (one
+server, several engines): only the series of the model the request named count (`select_model`);
+within it we sum over label sets (engines, statuses).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ LOCAL_HITS = "vllm:prefix_cache_hits_total"
 PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 STORE_OPERATION_KEYS = "vllm:mooncake_store_operation_keys_total"
 STORE_FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"
+# Speculative decoding (vllm/v1/spec_decode/metrics.py): rise only when the drafter ran.
+SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+MODEL_LABEL = "model_name"
 
 _SAMPLE = re.compile(
     r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
@@ -51,6 +58,9 @@ COUNTER_NAMES = frozenset(
         PROMPT_TOKENS_BY_SOURCE,
         STORE_OPERATION_KEYS,
         STORE_FAILED_KEYS,
+        SPEC_DECODE_DRAFTS,
+        SPEC_DECODE_DRAFT_TOKENS,
+        SPEC_DECODE_ACCEPTED_TOKENS,
     }
 )
 _VLLM_SAMPLE_LINE = re.compile(r"^\s*vllm:", re.MULTILINE)
@@ -94,8 +104,40 @@ def parse_samples(text: str, *, only: Collection[str] | None = None) -> list[Sam
     return samples
 
 
+class ModelSeriesError(ValueError):
+    """The page has no series of the asked model, or several models and none was named."""
+
+
+def select_model(samples: list[Sample], model: str | None) -> list[Sample]:
+    """The samples of `model` (label `model_name`); never a sum across models.
+
+    `model` None (the request named none, so vLLM served its only model): the page must carry one
+    model. ModelSeriesError names the models on the page otherwise.
+    """
+    models = sorted({sample.labels[MODEL_LABEL] for sample in samples if MODEL_LABEL in sample.labels})
+    if model is None:
+        if len(models) > 1:
+            raise ModelSeriesError(
+                f"the page carries series of several models ({', '.join(models)}) and the request names "
+                "none: name the model in the request (its 'model' field, or --model)"
+            )
+        if not models:
+            return samples
+        model = models[0]
+    chosen = [sample for sample in samples if sample.labels.get(MODEL_LABEL) == model]
+    if not any(sample.name == EXTERNAL_HITS for sample in chosen):
+        shown = ", ".join(models) or "none"
+        raise ModelSeriesError(
+            f"no {EXTERNAL_HITS} series for model {model!r} (models on the page: {shown}): the replica "
+            "does not serve the model the request names, or its series are labelled otherwise"
+        )
+    return chosen
+
+
 def store_counters(samples: list[Sample], *, latency_s: float = 0.0) -> StoreCounters:
-    """The counters the canary reads, each summed over its label sets; None where a metric is absent."""
+    """The counters the canary reads, each summed over its label sets; None where a metric is absent.
+
+    Pass one model's samples (`select_model`): the sum is over engines and statuses, not models."""
     return StoreCounters(
         external_hit_tokens=_total(samples, EXTERNAL_HITS),
         external_query_tokens=_total(samples, EXTERNAL_QUERIES),
@@ -103,6 +145,9 @@ def store_counters(samples: list[Sample], *, latency_s: float = 0.0) -> StoreCou
         prompt_tokens_by_source=_by_label(samples, PROMPT_TOKENS_BY_SOURCE, "source"),
         store_keys_by_operation=_by_label(samples, STORE_OPERATION_KEYS, "operation"),
         store_failed_keys_by_operation=_by_label(samples, STORE_FAILED_KEYS, "operation"),
+        spec_decode_drafts=_total(samples, SPEC_DECODE_DRAFTS),
+        spec_decode_draft_tokens=_total(samples, SPEC_DECODE_DRAFT_TOKENS),
+        spec_decode_accepted_tokens=_total(samples, SPEC_DECODE_ACCEPTED_TOKENS),
         latency_s=latency_s,
     )
 

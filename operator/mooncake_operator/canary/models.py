@@ -57,6 +57,96 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ComparisonMode(StrEnum):
+    # Token for token, no divergence allowed: for replicas on batch-invariant kernels.
+    EXACT = "exact"
+    # Identical tokens pass; at the first divergence the two distributions decide benign or not.
+    LOGPROBS = "logprobs"
+
+
+# The logprob rule's defaults; docs/canary.md gives their sources. vLLM serves at most 20 top logprobs
+# by default (--max-logprobs); 5 is what vLLM's own check_logprobs_close tests compare.
+DEFAULT_TOP_K = 5
+MAX_TOP_K = 20
+# The largest tie shift measured upstream between a warm and a cold computation (0.06-0.125 nat,
+# vllm #5543; LMCache's rule uses 0.1): a flip needs a gap no larger than the shift that tipped it.
+DEFAULT_MAX_TIE_GAP_NATS = 0.125
+# ~4x the largest warm-versus-cold drift measured upstream (2.6e-2 on H100, vllm #52701), for FP8 MoE
+# at TP 4, which nobody measured; a wrong trailing block moves a distribution by whole nats.
+DEFAULT_MAX_DRIFT_NATS = 0.1
+
+
+class Comparison(_Model):
+    """How a warm answer is compared with the cold one (spec.canary.comparison, `canary --compare`)."""
+
+    mode: ComparisonMode = ComparisonMode.LOGPROBS
+    top_k: int = Field(default=DEFAULT_TOP_K, ge=1, le=MAX_TOP_K)
+    max_tie_gap_nats: float = Field(default=DEFAULT_MAX_TIE_GAP_NATS, ge=0, le=10, allow_inf_nan=False)
+    max_drift_nats: float = Field(default=DEFAULT_MAX_DRIFT_NATS, ge=0, le=10, allow_inf_nan=False)
+
+
+class TopLogprob(_Model):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(_Model):
+    """One generated token: its text, its logprob, the replica's top alternatives at that step."""
+
+    token: str
+    logprob: float
+    top: list[TopLogprob] = Field(default_factory=list)
+
+
+class DivergenceKind(StrEnum):
+    BENIGN = "benign"  # a near tie tipped by numerics: passes, reported
+    CORRUPTION = "corruption"  # the distributions disagree beyond numerics: Failed
+    UNJUDGED = "unjudged"  # no distribution to judge by (no logprobs returned): Inconclusive
+
+
+class Divergence(_Model):
+    """The first token where the warm answer leaves the cold one, and the evidence that judged it.
+
+    Gaps are |logprob(own token) - logprob(the other side's token)| in one side's distribution; None
+    when the other side's token is not in that side's top list. Ranks are 1-based in the top list.
+    """
+
+    position: int = Field(ge=0, description="Index of the first differing token.")
+    cold_token: str | None = Field(default=None, description="None: the cold answer ended here.")
+    warm_token: str | None = Field(default=None, description="None: the warm answer ended here.")
+    kind: DivergenceKind
+    cold_gap_nats: float | None = None
+    warm_gap_nats: float | None = None
+    warm_token_rank_in_cold: int | None = None
+    cold_token_rank_in_warm: int | None = None
+    shared_tokens: int = Field(default=0, ge=0, description="Tokens before the divergence.")
+    max_drift_nats: float | None = Field(
+        default=None, description="Largest |cold - warm| logprob of the shared tokens before it."
+    )
+    drift_position: int | None = None
+    top_k: int
+    max_tie_gap_nats_allowed: float
+    max_drift_nats_allowed: float
+    reasons: list[str] = Field(default_factory=list, description="Why it is not benign.")
+
+    def describe(self) -> str:
+        gaps = ", ".join(
+            f"{side} gap {_nats(gap)}"
+            for side, gap in (("cold", self.cold_gap_nats), ("warm", self.warm_gap_nats))
+        )
+        drift = _nats(self.max_drift_nats) if self.max_drift_nats is not None else "none (no shared tokens)"
+        return (
+            f"{self.kind.value} divergence at token {self.position}: cold {self.cold_token!r}, warm "
+            f"{self.warm_token!r}; {gaps} (allowed {self.max_tie_gap_nats_allowed:g}); drift before it "
+            f"{drift} over {self.shared_tokens} tokens (allowed {self.max_drift_nats_allowed:g}); "
+            f"top-{self.top_k}"
+        )
+
+
+def _nats(value: float | None) -> str:
+    return "not in top list" if value is None else f"{value:.4f} nat"
+
+
 class ChatAnswer(_Model):
     """One chat completion as the canary saw it; on error, what went wrong and an excerpt of the body."""
 
@@ -71,6 +161,8 @@ class ChatAnswer(_Model):
     # usage.prompt_tokens_details.cached_tokens (local + external); vLLM sends it only with
     # --enable-prompt-tokens-details.
     cached_tokens: int | None = None
+    # Per generated token, when asked for (`logprobs`, `top_logprobs`); None: the server sent none.
+    logprobs: list[TokenLogprob] | None = None
     latency_s: float = 0.0
     attempts: int = 1
     error_kind: ErrorKind | None = None
@@ -91,6 +183,10 @@ class StoreCounters(_Model):
     prompt_tokens_by_source: dict[str, int] = Field(default_factory=dict)
     store_keys_by_operation: dict[str, int] = Field(default_factory=dict)
     store_failed_keys_by_operation: dict[str, int] = Field(default_factory=dict)
+    # Speculative decoding (Eagle): drafts proposed, draft tokens, accepted tokens; None: not served.
+    spec_decode_drafts: int | None = None
+    spec_decode_draft_tokens: int | None = None
+    spec_decode_accepted_tokens: int | None = None
     # How long the scrape took; 0 in a delta.
     latency_s: float = 0.0
 
@@ -104,6 +200,11 @@ class StoreCounters(_Model):
             store_keys_by_operation=_minus_all(self.store_keys_by_operation, other.store_keys_by_operation),
             store_failed_keys_by_operation=_minus_all(
                 self.store_failed_keys_by_operation, other.store_failed_keys_by_operation
+            ),
+            spec_decode_drafts=_minus(self.spec_decode_drafts, other.spec_decode_drafts),
+            spec_decode_draft_tokens=_minus(self.spec_decode_draft_tokens, other.spec_decode_draft_tokens),
+            spec_decode_accepted_tokens=_minus(
+                self.spec_decode_accepted_tokens, other.spec_decode_accepted_tokens
             ),
         )
 
@@ -140,11 +241,23 @@ class PairResult(_Model):
     load_get_keys: int | None = None
     answers_equal: bool | None = None
     mismatch: Mismatch | None = None
+    # The first differing token, judged (logprobs mode); reported whether it passed or not.
+    divergence: Divergence | None = None
+    request_name: str = "request"
     expectation_violations: list[str] = Field(default_factory=list)
     connection_error: str | None = None
     wall_s: float = 0.0
     # Sum of this pair's chat and metrics request latencies: the part of wall_s spent waiting on replicas.
     request_latency_s: float = 0.0
+
+
+class RunCost(_Model):
+    """What a run cost the replicas: chat requests sent and the tokens they counted (usage)."""
+
+    chat_requests: int = 0
+    metrics_reads: int = 0  # the readers' (the writers' reads, which only explain, are not counted)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 class CanaryResult(_Model):
@@ -157,6 +270,9 @@ class CanaryResult(_Model):
     expectations: list[str]
     block_size: int | None = None
     eagle: bool = False
+    comparison: Comparison = Field(default_factory=lambda: Comparison())
+    requests: list[str] = Field(default_factory=list, description="Names of the requests each pair ran.")
+    cost: RunCost = Field(default_factory=lambda: RunCost())
     warnings: list[str] = Field(default_factory=list)
     started_at: datetime
     wall_s: float
@@ -179,6 +295,25 @@ class CanaryResult(_Model):
         if self.verdict is Verdict.INCONCLUSIVE:
             return ExitCode.INCONCLUSIVE
         return ExitCode.PASSED
+
+
+SUITE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+PRIMARY_REQUEST_NAME = "request"
+MAX_SUITE_REQUESTS = 16
+
+
+class SuiteEntry(_Model):
+    """One request of a canary suite. `expectations` None or []: judged warm against cold only."""
+
+    name: str = Field(pattern=SUITE_NAME_PATTERN, description="Shown in the report (a DNS label).")
+    request: dict[str, Any]
+    expectations: list[Expectation] | None = None
+
+    @field_validator("request")
+    @classmethod
+    def _chat_request(cls, request: dict[str, Any]) -> dict[str, Any]:
+        check_chat_request(request)
+        return request
 
 
 class CanaryConfig(_Model):
@@ -207,7 +342,12 @@ class CanaryConfig(_Model):
     retry_backoff_s: float = Field(default=0.5, ge=0, le=60, allow_inf_nan=False)
     expected_external_hit_tokens: int | None = Field(default=None, ge=1)
     block_size: int | None = Field(default=None, ge=1)
+    # With Eagle the reader's speculative-decoding counters must also rise over the warm request.
     eagle: bool = False
+    comparison: Comparison = Field(default_factory=lambda: Comparison())
+    # More requests each pair runs after `request`: "default", the block-boundary suite built for the
+    # replicas' tokenizer at run time (needs block_size; canary.request.default_suite); "off"; or these.
+    suite: Literal["default", "off"] | list[SuiteEntry] = "off"
 
     @field_validator("replicas")
     @classmethod
@@ -226,12 +366,35 @@ class CanaryConfig(_Model):
         check_chat_request(request)
         return request
 
+    @field_validator("suite")
+    @classmethod
+    def _distinct_names(cls, suite: object) -> object:
+        if isinstance(suite, list):
+            if len(suite) > MAX_SUITE_REQUESTS:
+                raise ValueError(f"a suite holds at most {MAX_SUITE_REQUESTS} requests, got {len(suite)}")
+            names = [entry.name for entry in suite]
+            repeated = sorted(
+                {name for name in names if names.count(name) > 1 or name == PRIMARY_REQUEST_NAME}
+            )
+            if repeated:
+                raise ValueError(
+                    f"suite request names must be distinct and not {PRIMARY_REQUEST_NAME!r}: "
+                    + ", ".join(repeated)
+                )
+        return suite
+
+    def primary_request(self) -> SuiteEntry:
+        """`request` with `expectations`, as the first request of every pair."""
+        return SuiteEntry(name=PRIMARY_REQUEST_NAME, request=self.request, expectations=self.expectations)
+
     @model_validator(mode="after")
     def _one_source_of_expected_hit(self) -> CanaryConfig:
         if self.expected_external_hit_tokens is not None and self.block_size is not None:
             raise ValueError("give either expected_external_hit_tokens or block_size, not both")
         if self.eagle and self.block_size is None:
             raise ValueError("eagle needs block_size to compute the expected hit")
+        if self.suite == "default" and self.block_size is None:
+            raise ValueError("the default suite needs block_size (its prompts end on block boundaries)")
         return self
 
 
@@ -246,6 +409,12 @@ def check_chat_request(request: dict[str, Any]) -> None:
         raise ValueError("the request must ask for one choice ('n': 1)")
     if "cache_salt" in request:
         raise ValueError("the request must not set 'cache_salt'; the canary sets a fresh one per pair")
+    asked = sorted(key for key in ("logprobs", "top_logprobs") if key in request)
+    if asked:
+        raise ValueError(
+            f"the request must not set {' or '.join(repr(key) for key in asked)}; the canary asks for "
+            "logprobs itself (comparison.topK)"
+        )
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -6,8 +6,10 @@ from mooncake_operator.canary.models import CanaryResult, ChatAnswer, PairResult
 
 _COLUMNS = [
     "PAIR",
+    "REQUEST",
     "WRITER -> READER",
     "VERDICT",
+    "DIVERGENCE",
     "PROMPT",
     "EXT HIT",
     "EXPECTED",
@@ -34,6 +36,12 @@ def render_table(result: CanaryResult) -> str:
     for pair in result.pairs:
         lines += _details(pair)
     lines += [f"warning: {warning}" for warning in result.warnings]
+    cost = result.cost
+    lines.append(
+        f"cost: {cost.chat_requests} chat requests ({len(result.requests)} per pair: "
+        f"{', '.join(result.requests)}), {cost.prompt_tokens} prompt + {cost.completion_tokens} completion "
+        f"tokens, {cost.metrics_reads} reader metrics reads; comparison {_comparison_line(result)}"
+    )
     lines.append(
         f"wall {result.wall_s:.3f} s, of which waiting on replicas {result.request_latency_s:.3f} s; "
         f"exit {result.exit_code}"
@@ -64,8 +72,10 @@ def _line(cells: list[str], widths: list[int]) -> str:
 def _row(pair: PairResult) -> list[str]:
     return [
         str(pair.index),
+        pair.request_name,
         f"{pair.writer} -> {pair.reader}",
         pair.verdict.value,
+        _divergence(pair),
         _number(pair.prompt_tokens),
         _number(pair.external_hit_tokens),
         _number(pair.expected_external_hit_tokens) if pair.expected_external_hit_tokens else "any",
@@ -81,10 +91,32 @@ def _details(pair: PairResult) -> list[str]:
     lines = ["", f"pair {pair.index} ({pair.verdict.value}), cache_salt {pair.cache_salt}:"]
     lines += [f"  - {reason}" for reason in pair.reasons]
     lines += [f"  note: {note}" for note in pair.notes]
+    if pair.divergence is not None:
+        lines.append(f"  divergence: {pair.divergence.describe()}")
     if pair.mismatch is not None and pair.cold is not None and pair.warm is not None:
         lines.append(f"  cold answer: {pair.cold.text!r}")
         lines.append(f"  warm answer: {pair.warm.text!r}")
     return lines
+
+
+def _comparison_line(result: CanaryResult) -> str:
+    comparison = result.comparison
+    if comparison.mode.value == "exact":
+        return "exact"
+    return (
+        f"logprobs (top-{comparison.top_k}, tie gap <= {comparison.max_tie_gap_nats:g} nat, "
+        f"drift <= {comparison.max_drift_nats:g} nat)"
+    )
+
+
+def _divergence(pair: PairResult) -> str:
+    """`-`: identical tokens; else its kind at its token, with the larger gap when both were seen."""
+    divergence = pair.divergence
+    if divergence is None:
+        return "-"
+    gaps = [gap for gap in (divergence.cold_gap_nats, divergence.warm_gap_nats) if gap is not None]
+    gap = f" gap {max(gaps):.3f}" if len(gaps) == 2 else ""
+    return f"{divergence.kind.value}@{divergence.position}{gap}"
 
 
 def _number(value: int | None) -> str:

@@ -12,25 +12,38 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import httpx
 
 from mooncake_operator.canary.client import CounterScrapeError, RetryPolicy, chat, scrape_counters
+from mooncake_operator.canary.divergence import judge_divergence, unjudged_divergence
 from mooncake_operator.canary.expectations import violations
-from mooncake_operator.canary.metrics import EXTERNAL_HITS, expected_external_hit_tokens
+from mooncake_operator.canary.metrics import (
+    EXTERNAL_HITS,
+    SPEC_DECODE_DRAFT_TOKENS,
+    SPEC_DECODE_DRAFTS,
+    expected_external_hit_tokens,
+)
 from mooncake_operator.canary.models import (
     CanaryConfig,
     CanaryResult,
     ChatAnswer,
+    Comparison,
+    ComparisonMode,
+    Divergence,
+    DivergenceKind,
     ErrorKind,
     Mismatch,
     PairResult,
+    RunCost,
     StoreCounters,
+    SuiteEntry,
     Verdict,
     redact_url,
 )
+from mooncake_operator.canary.request import SuiteError, default_suite
 
 _CONTEXT_BEFORE = 20
 _CONTEXT_AFTER = 40
@@ -54,6 +67,8 @@ class PairMeasurement:
     # nothing (e.g. the writer's store puts failed). None when they could not be read.
     writer_before: StoreCounters | None = None
     writer_after: StoreCounters | None = None
+    # Which of the run's requests was sent (`CanaryConfig.requests()`); None: the config's own request.
+    request: SuiteEntry | None = None
 
 
 async def run_canary(config: CanaryConfig, *, client: httpx.AsyncClient | None = None) -> CanaryResult:
@@ -91,16 +106,31 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
+    requests, suite_problem = await run_requests(config, client)
     pairs = []
-    for index, (writer, reader) in enumerate(plan_pairs(config.replicas, config.pairs)):
-        salt = new_cache_salt(run_id, index)
-        evidence = await measure_pair(
-            client, config, index=index, writer=writer, reader=reader, salt=salt, retry=retry
-        )
-        # Judging scans two answers of up to the body cap: off the event loop, so the operator's other
-        # work (health probes, other resources) goes on meanwhile.
-        pairs.append(await asyncio.to_thread(judge_pair, evidence, config))
+    index = 0
+    for writer, reader in plan_pairs(config.replicas, config.pairs):
+        for entry in requests:
+            salt = new_cache_salt(run_id, index)
+            evidence = await measure_pair(
+                client,
+                config,
+                index=index,
+                writer=writer,
+                reader=reader,
+                salt=salt,
+                retry=retry,
+                request=entry,
+            )
+            # Judging scans two answers of up to the body cap: off the event loop, so the operator's
+            # other work (health probes, other resources) goes on meanwhile.
+            pairs.append(await asyncio.to_thread(judge_pair, evidence, config))
+            index += 1
     verdict, reason = summarize(pairs)
+    if suite_problem is not None and verdict is Verdict.PASSED:
+        verdict, reason = Verdict.INCONCLUSIVE, suite_problem
+    elif suite_problem is not None:
+        reason = f"{reason}; {suite_problem}"
     return CanaryResult(
         run_id=run_id,
         verdict=verdict,
@@ -111,10 +141,64 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
         expectations=[expectation.describe() for expectation in config.expectations],
         block_size=config.block_size,
         eagle=config.eagle,
+        comparison=config.comparison,
+        requests=[entry.name for entry in requests],
+        cost=run_cost(pairs),
         warnings=config_warnings(config),
         started_at=started_at,
         wall_s=time.perf_counter() - started,
         request_latency_s=sum(pair.request_latency_s for pair in pairs),
+    )
+
+
+async def run_requests(
+    config: CanaryConfig, client: httpx.AsyncClient
+) -> tuple[list[SuiteEntry], str | None]:
+    """The requests every pair runs: the config's request, then its suite; and why the default suite
+    could not be built (None when it was, or none was asked for). Without it the run is at best
+    Inconclusive: the block boundaries it would have covered are unproven."""
+    primary = config.primary_request()
+    if config.suite == "off":
+        return [primary], None
+    if isinstance(config.suite, list):
+        return [primary, *config.suite], None
+    assert config.block_size is not None  # CanaryConfig refuses the default suite without it
+    try:
+        built = await default_suite(
+            client,
+            config.replicas[0],
+            config.request,
+            block_size=config.block_size,
+            expectations=config.expectations,
+            request_timeout_s=config.request_timeout_s,
+        )
+    except SuiteError as error:
+        return [primary], (
+            f"the default block-boundary suite could not be built ({error}); only the request ran "
+            "(supply your own suite, or turn it off: spec.canary.suite [] / --no-suite)"
+        )
+    # The suite's first request is the config's own (with its expectations): keep ours, add the rest.
+    extra = [
+        SuiteEntry(name=item.name, request=item.request, expectations=item.expectations)
+        for item in built
+        if item.request != config.request
+    ]
+    return [primary, *extra], None
+
+
+def run_cost(pairs: list[PairResult]) -> RunCost:
+    answers = [answer for pair in pairs for answer in (pair.cold, pair.warm) if answer is not None]
+    reads = sum(
+        (pair.counters_before is not None)
+        + (pair.counters_after is not None)
+        + (pair.metrics_error is not None)
+        for pair in pairs
+    )
+    return RunCost(
+        chat_requests=len(answers),
+        metrics_reads=reads,
+        prompt_tokens=sum(answer.prompt_tokens or 0 for answer in answers),
+        completion_tokens=sum(answer.completion_tokens or 0 for answer in answers),
     )
 
 
@@ -127,23 +211,27 @@ async def measure_pair(
     reader: str,
     salt: str,
     retry: RetryPolicy | None = None,
+    request: SuiteEntry | None = None,
 ) -> PairMeasurement:
     """One pair as the canary measures it: reader's counters, cold on the writer, warm on the reader,
-    reader's counters again. Judge it with `judge_pair`."""
+    reader's counters again. Judge it with `judge_pair`. `request`: which request (default: the
+    config's own)."""
     if retry is None:
         retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
+    entry = request or config.primary_request()
+    model = entry.request.get("model") if isinstance(entry.request.get("model"), str) else None
     started = time.perf_counter()
-    before, metrics_error = await _scrape(client, reader, config, retry)
-    writer_before, _ = await _scrape(client, writer, config, retry)
-    cold = await _chat(client, writer, config, retry, salt)
+    before, metrics_error = await _scrape(client, reader, config, retry, model)
+    writer_before, _ = await _scrape(client, writer, config, retry, model)
+    cold = await _chat(client, writer, config, retry, salt, entry)
     warm = after = writer_after = None
     if cold.ok:
-        warm = await _chat(client, reader, config, retry, salt)
+        warm = await _chat(client, reader, config, retry, salt, entry)
         # An unresponsive reader would only make the second scrape wait out its timeout too.
         if before is not None and warm.error_kind not in (ErrorKind.CONNECTION, ErrorKind.TIMEOUT):
-            after, metrics_error = await _scrape(client, reader, config, retry)
+            after, metrics_error = await _scrape(client, reader, config, retry, model)
         if writer_before is not None:
-            writer_after, _ = await _scrape(client, writer, config, retry)
+            writer_after, _ = await _scrape(client, writer, config, retry, model)
     return PairMeasurement(
         index=index,
         writer=redact_url(writer),
@@ -157,26 +245,34 @@ async def measure_pair(
         wall_s=time.perf_counter() - started,
         writer_before=writer_before,
         writer_after=writer_after,
+        request=request,
     )
 
 
 async def _chat(
-    client: httpx.AsyncClient, url: str, config: CanaryConfig, retry: RetryPolicy, salt: str
+    client: httpx.AsyncClient,
+    url: str,
+    config: CanaryConfig,
+    retry: RetryPolicy,
+    salt: str,
+    entry: SuiteEntry,
 ) -> ChatAnswer:
+    logprobs = config.comparison.mode is ComparisonMode.LOGPROBS
     return await chat(
         client,
         url,
-        config.request,
+        entry.request,
         cache_salt=salt,
         timeout=config.request_timeout_s,
         retry=retry,
         connect_timeout=config.connect_timeout_s,
         max_body_bytes=config.max_chat_body_bytes,
+        top_logprobs=config.comparison.top_k if logprobs else None,
     )
 
 
 async def _scrape(
-    client: httpx.AsyncClient, reader: str, config: CanaryConfig, retry: RetryPolicy
+    client: httpx.AsyncClient, reader: str, config: CanaryConfig, retry: RetryPolicy, model: str | None
 ) -> tuple[StoreCounters | None, CounterScrapeError | None]:
     try:
         counters = await scrape_counters(
@@ -186,6 +282,7 @@ async def _scrape(
             retry=retry,
             connect_timeout=config.connect_timeout_s,
             max_body_bytes=config.max_metrics_body_bytes,
+            model=model,
         )
     except CounterScrapeError as error:
         return None, error
@@ -214,19 +311,24 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     if cold is not None and not cold.ok:
         notes.append("warm request not sent: the cold request gave no answer to compare with")
 
-    mismatch = None
+    entry = evidence.request or config.primary_request()
+    mismatch = divergence = None
     answers_equal = None
     if cold is not None and warm is not None and cold.ok and warm.ok:
-        mismatch, problems = compare_answers(cold, warm)
-        answers_equal = not problems
-        failures.extend(problems)
-    failures.extend(model_problems(config.request.get("model"), cold, warm))
+        comparison = compare_answers(cold, warm, config.comparison)
+        mismatch, divergence = comparison.mismatch, comparison.divergence
+        answers_equal = not comparison.failures and not comparison.unjudged and divergence is None
+        failures.extend(comparison.failures)
+        unproven.extend(comparison.unjudged)
+        notes.extend(comparison.notes)
+    failures.extend(model_problems(entry.request.get("model"), cold, warm))
 
+    # On both answers, whatever the comparison said: a benign divergence never excuses wrong content.
     expectation_violations = [
         f"{role} answer: {problem}"
         for role, answer in (("cold", cold), ("warm", warm))
         if answer is not None and answer.ok and answer.text is not None
-        for problem in violations(config.expectations, answer.text)
+        for problem in violations(entry.expectations or [], answer.text)
     ]
     failures.extend(expectation_violations)
 
@@ -252,6 +354,8 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
                 )
             unproven.extend(hit_problems(delta, expected, cold, warm))
             notes.extend(hit_notes(delta, expected, config.block_size))
+            if config.eagle:
+                unproven.extend(spec_decode_problems(delta))
     writer_delta = _writer_delta(evidence)
     if writer_delta is not None and unproven:
         unproven.extend(writer_save_notes(writer_delta))  # after the reader's reason: it explains it
@@ -278,6 +382,8 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
         load_get_keys=delta.store_keys_by_operation.get("load_get") if delta else None,
         answers_equal=answers_equal,
         mismatch=mismatch,
+        divergence=divergence,
+        request_name=entry.name,
         expectation_violations=expectation_violations,
         connection_error=connection_error,
         wall_s=evidence.wall_s,
@@ -285,31 +391,78 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     )
 
 
-def compare_answers(cold: ChatAnswer, warm: ChatAnswer) -> tuple[Mismatch | None, list[str]]:
-    """Exact comparison (greedy decoding makes equal prefixes give equal answers)."""
-    problems = []
-    mismatch = None
+@dataclass(frozen=True)
+class AnswerComparison:
+    """What comparing a warm answer with the cold one found."""
+
+    mismatch: Mismatch | None = None  # first differing character of the texts
+    divergence: Divergence | None = None  # first differing token, judged (logprobs mode)
+    failures: list[str] = field(default_factory=list)
+    unjudged: list[str] = field(default_factory=list)  # differences without evidence: Inconclusive
+    notes: list[str] = field(default_factory=list)
+
+
+def compare_answers(
+    cold: ChatAnswer, warm: ChatAnswer, comparison: Comparison | None = None
+) -> AnswerComparison:
+    """Exact: the texts (and reasoning) must be equal. Logprobs: identical tokens pass as in exact; at
+    the first divergence the two distributions decide (`judge_divergence`): benign passes with a note,
+    corruption fails, and differing answers without logprobs cannot be judged (Inconclusive)."""
+    comparison = comparison or Comparison()
+    failures: list[str] = []
+    unjudged: list[str] = []
+    notes: list[str] = []
     cold_text, warm_text = cold.text or "", warm.text or ""
+    mismatch = None
     position = first_difference(cold_text, warm_text)
     if position is not None:
         mismatch = Mismatch(
-            position=position,
-            cold=_context(cold_text, position),
-            warm=_context(warm_text, position),
+            position=position, cold=_context(cold_text, position), warm=_context(warm_text, position)
         )
-        problems.append(
-            f"warm answer differs from the cold one at character {position}: "
+    text_problems = []
+    if mismatch is not None:
+        text_problems.append(
+            f"warm answer differs from the cold one at character {mismatch.position}: "
             f"cold {mismatch.cold!r}, warm {mismatch.warm!r}"
         )
     if cold.reasoning != warm.reasoning:
         reasoning_position = first_difference(cold.reasoning or "", warm.reasoning or "")
-        problems.append(f"warm reasoning differs from the cold one at character {reasoning_position}")
+        text_problems.append(f"warm reasoning differs from the cold one at character {reasoning_position}")
+    divergence = None
+    if comparison.mode is ComparisonMode.EXACT:
+        failures.extend(text_problems)
+    elif cold.logprobs is None or warm.logprobs is None:
+        missing = " and ".join(
+            role for role, answer in (("cold", cold), ("warm", warm)) if answer.logprobs is None
+        )
+        if text_problems:
+            divergence = unjudged_divergence(comparison, missing=f"{missing} answer")
+            unjudged.append(
+                f"{text_problems[0]}; the {missing} answer sent no logprobs, so whether it is benign "
+                "cannot be judged (a proxy that strips them? comparison mode exact demands equal text)"
+            )
+        else:
+            notes.append(
+                f"the {missing} answer sent no logprobs (the answers are equal, so none were needed)"
+            )
+    else:
+        divergence = judge_divergence(cold.logprobs, warm.logprobs, comparison)
+        if divergence is None:
+            # Identical tokens: the texts must be identical too.
+            failures.extend(f"{problem} although the tokens are identical" for problem in text_problems)
+        elif divergence.kind is DivergenceKind.BENIGN:
+            notes.append(f"passed over a {divergence.describe()}")
+        else:
+            failures.append(
+                f"warm answer diverges from the cold one: {divergence.describe()}; not benign: "
+                + "; ".join(divergence.reasons)
+            )
     if cold.prompt_tokens != warm.prompt_tokens:
-        problems.append(
+        failures.append(
             f"the replicas counted different prompt tokens (cold {cold.prompt_tokens}, warm "
             f"{warm.prompt_tokens}): they do not tokenize the request alike"
         )
-    return mismatch, problems
+    return AnswerComparison(mismatch, divergence, failures, unjudged, notes)
 
 
 def model_problems(asked: object, cold: ChatAnswer | None, warm: ChatAnswer | None) -> list[str]:
@@ -396,6 +549,32 @@ def hit_notes(delta: StoreCounters, expected: int | None, block_size: int | None
     return notes
 
 
+SPEC_DECODE_SERIES = (
+    ("spec_decode_drafts", SPEC_DECODE_DRAFTS),
+    ("spec_decode_draft_tokens", SPEC_DECODE_DRAFT_TOKENS),
+)
+
+
+def spec_decode_problems(delta: StoreCounters) -> list[str]:
+    """With Eagle configured: why the counters do not prove the drafter ran over the warm request.
+
+    Drafts and draft tokens must rise; accepted tokens may not (every draft can be rejected)."""
+    problems = []
+    for attribute, name in SPEC_DECODE_SERIES:
+        rise = getattr(delta, attribute)
+        if rise is None:
+            problems.append(
+                f"reader's metrics have no {name}: Eagle is configured but the reader serves without "
+                "speculative decoding (its --speculative-config?)"
+            )
+        elif rise <= 0:
+            problems.append(
+                f"reader's {name} did not rise over the warm request: the Eagle path did not run "
+                "(speculative decoding off for this request?)"
+            )
+    return problems
+
+
 def _writer_delta(evidence: PairMeasurement) -> StoreCounters | None:
     before, after = evidence.writer_before, evidence.writer_after
     if before is None or after is None or fallen_counters(before, after):
@@ -436,9 +615,16 @@ def summarize(pairs: list[PairResult]) -> tuple[Verdict, str]:
                 f"{first.writer} -> {first.reader}: {first.reasons[0]}"
             )
     hits = ", ".join(str(pair.external_hit_tokens) for pair in pairs)
-    return Verdict.PASSED, (
-        f"all {len(pairs)} pairs: warm answer equals cold, expectations hold, external hits {hits} tokens"
-    )
+    benign = [pair for pair in pairs if pair.divergence is not None]
+    equal = "warm answer equals cold"
+    if benign:
+        first = benign[0]
+        assert first.divergence is not None
+        equal = (
+            f"warm answer equals cold or parts from it at a benign near tie ({len(benign)} of them; pair "
+            f"{first.index}: {first.divergence.describe()})"
+        )
+    return Verdict.PASSED, f"all {len(pairs)} pairs: {equal}, expectations hold, external hits {hits} tokens"
 
 
 def config_warnings(config: CanaryConfig) -> list[str]:

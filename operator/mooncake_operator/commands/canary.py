@@ -27,6 +27,12 @@ from mooncake_operator.canary import (
     render_table,
     run_canary,
 )
+from mooncake_operator.canary.models import (
+    DEFAULT_MAX_DRIFT_NATS,
+    DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_TOP_K,
+    SuiteEntry,
+)
 from mooncake_operator.commands.canary_proxy import (
     ProxyAccessError,
     check_proxy_access,
@@ -52,9 +58,13 @@ reader's Prometheus counters, sends the request to the writer (cold: it computes
 stores its KV blocks), sends the identical request to the reader (warm: it should load the prefix
 from the shared store), and reads the reader's counters again.
 
-A pair passes only when both answers are HTTP 200 chat completions, the warm answer equals the cold
-one exactly, every expectation holds on both, and the reader's vllm:external_prefix_cache_hits_total
-rose (by the expected hit, with --block-size). No rise means the warm path never ran: Inconclusive.
+A pair passes only when both answers are HTTP 200 chat completions, the warm answer's tokens equal
+the cold one's or part from them at a benign near tie (both answers' logprobs decide; reported),
+every expectation holds on both, the reader's vllm:external_prefix_cache_hits_total rose (by the
+expected hit, with --block-size) and, with --eagle, its vllm:spec_decode_num_drafts_total too. No
+rise means the warm path never ran: Inconclusive. With --block-size each pair also runs the default
+block-boundary suite (prompts ending on, one past and one short of a block boundary, and one of many
+blocks, padded with the replicas' own /tokenize); --suite FILE runs yours, --no-suite none.
 
 Default request: the customer's deployment-record chat (temperature 0). Default expectations: one
 JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before it.
@@ -64,7 +74,8 @@ mooncakeservings.serving.mooncake-operator.dev) and proves its serving replica s
 (status.rollout.servingSet, else NAME-replica) through its headless Service, with the operator's own
 config: request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the
 verdict is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to
-prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs) are
+prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
+--compare, --top-k, --max-tie-gap, --max-drift, --suite, --no-suite) are
 refused with it; the timeouts, caps, --retries and --json apply.
 """
 
@@ -211,6 +222,42 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--eagle", action="store_true", help="with --block-size: the replicas run Eagle speculative decoding"
     )
+    compare = parser.add_argument_group(
+        "comparison", "how the warm answer is compared with the cold one (docs/canary.md)"
+    )
+    compare.add_argument(
+        "--compare",
+        choices=("logprobs", "exact"),
+        help="logprobs (default): identical tokens pass, a first divergence is judged benign or not from "
+        "both answers' logprobs; exact: equal answers only (batch-invariant kernels)",
+    )
+    compare.add_argument(
+        "--top-k", type=int, metavar="K", help=f"top_logprobs asked per token (default {DEFAULT_TOP_K})"
+    )
+    compare.add_argument(
+        "--max-tie-gap",
+        type=float,
+        metavar="NATS",
+        help=f"largest gap of the two tokens of a benign divergence (default {DEFAULT_MAX_TIE_GAP_NATS:g})",
+    )
+    compare.add_argument(
+        "--max-drift",
+        type=float,
+        metavar="NATS",
+        help=f"largest drift of a shared token's logprob before it (default {DEFAULT_MAX_DRIFT_NATS:g})",
+    )
+    suite = parser.add_mutually_exclusive_group()
+    suite.add_argument(
+        "--suite",
+        type=Path,
+        metavar="FILE",
+        help="more requests each pair runs, YAML or JSON: a list of {name, request, expectations}",
+    )
+    suite.add_argument(
+        "--no-suite",
+        action="store_true",
+        help="only the request (default with --block-size: the block-boundary suite beside it)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     parser.set_defaults(func=_run)
 
@@ -294,6 +341,12 @@ WHAT_FLAGS = (
     ("eagle", "--eagle"),
     ("expected_hit", "--expected-hit"),
     ("pairs", "--pairs"),
+    ("compare", "--compare"),
+    ("top_k", "--top-k"),
+    ("max_tie_gap", "--max-tie-gap"),
+    ("max_drift", "--max-drift"),
+    ("suite", "--suite"),
+    ("no_suite", "--no-suite"),
 )
 
 
@@ -355,6 +408,21 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     }
     if args.pairs is not None:
         options["pairs"] = args.pairs
+    comparison = {
+        key: value
+        for key, value in (
+            ("mode", args.compare),
+            ("top_k", args.top_k),
+            ("max_tie_gap_nats", args.max_tie_gap),
+            ("max_drift_nats", args.max_drift),
+        )
+        if value is not None
+    }
+    options["comparison"] = comparison
+    if args.suite is not None:
+        options["suite"] = _load_suite(args.suite)
+    elif not args.no_suite and args.block_size is not None:
+        options["suite"] = "default"
     if args.no_expect:
         options["expectations"] = []
     elif args.expect:
@@ -370,6 +438,19 @@ def _load_request(path: Path) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise UsageError(f"{path}: the request must be a JSON/YAML object (a chat completion body)")
     return document
+
+
+_SUITE = TypeAdapter(list[SuiteEntry])
+
+
+def _load_suite(path: Path) -> list[SuiteEntry]:
+    document = _load_document(path)
+    if isinstance(document, dict) and "suite" in document:
+        document = document["suite"]
+    try:
+        return _SUITE.validate_python(document)
+    except ValidationError as error:
+        raise UsageError(f"{path}: {'; '.join(describe_validation_error(error))}") from None
 
 
 def _load_expectations(path: Path) -> list[Expectation]:

@@ -3,6 +3,7 @@
     mooncake-operator sandbox [run] [--engine patched|buggy] [--replicas N] [--no-speculative] [--json]
     mooncake-operator sandbox --master-ha [--no-oplog]   # etcd + 3 masters; the leader is killed mid-run
     mooncake-operator sandbox --scenario revision-change [--store-isolation on|off]
+    mooncake-operator sandbox --perturb-reader 0.2   # replica B's logits move by <= 0.2 nats (GPU-like drift)
     mooncake-operator sandbox prepare      # engine venv, tiny models, engine overlays; nothing started
 
 `run` (the default) prepares what is missing (the only step that needs the network), re-executes itself
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import sys
 import time
@@ -151,6 +153,14 @@ def register(subparsers: Any) -> None:
         help="on (default): a store key namespace per KV-compatibility fingerprint "
         "(spec.store.isolateRevisions); off: none, to reproduce the revision-change hazard",
     )
+    parser.add_argument(
+        "--perturb-reader",
+        type=_nats,
+        default=None,
+        metavar="NATS",
+        help="replica B serves a copy of the target whose logits move by at most NATS (its lm_head plus "
+        "bounded seeded noise; KV unchanged): a benign numeric divergence like another GPU's, sandbox only",
+    )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the run directory (logs, store configs) on success too"
@@ -170,6 +180,16 @@ def _replica_count(text: str) -> int:
     return value
 
 
+def _nats(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and 0 < value <= 10):
+        raise argparse.ArgumentTypeError(f"need a bound between 0 and 10 nats, got {text}")
+    return value
+
+
 class _Terminated(BaseException):
     """SIGTERM before the event loop takes over the signal (during set-up)."""
 
@@ -186,6 +206,9 @@ def _run(args: argparse.Namespace) -> int:
         return ExitCode.USAGE_OR_ENVIRONMENT
     if args.scenario == REVISION_CHANGE and args.master_ha:
         log("setup error: --scenario revision-change runs with one master; drop --master-ha")
+        return ExitCode.USAGE_OR_ENVIRONMENT
+    if args.perturb_reader is not None and args.scenario == REVISION_CHANGE:
+        log("setup error: --perturb-reader applies to the canary scenario (it perturbs a copy of revision 1)")
         return ExitCode.USAGE_OR_ENVIRONMENT
     signal.signal(signal.SIGTERM, _terminate)
     try:
@@ -219,6 +242,7 @@ def _run(args: argparse.Namespace) -> int:
         ha_masters=HA_MASTERS if args.master_ha else 0,
         enable_oplog=not args.no_oplog,
         store_isolation=args.store_isolation == "on",
+        perturb_nats=args.perturb_reader,
     )
     return run_sandbox(options, prepared, as_json=args.json, isolated=isolated, scenario=args.scenario)
 
@@ -244,6 +268,11 @@ def run_sandbox(
     outcome["scenario"] = scenario
     outcome["store_isolation"] = options.store_isolation
     outcome["speculative"] = options.speculative
+    if options.perturb_nats is not None:
+        outcome["perturbed_reader"] = {
+            "bound_nats": options.perturb_nats,
+            "replicas": list(options.perturbed),
+        }
     outcome["network_namespace"] = isolated
     if options.ha_masters:
         outcome["master_ha"] = {"masters": options.ha_masters, "enable_oplog": options.enable_oplog}

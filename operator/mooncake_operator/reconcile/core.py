@@ -463,5 +463,11 @@ class _Pass:
         metrics.canary_duration.observe(result.wall_s)
         metrics.canary_runs.labels(verdict=verdict.value).inc()
         canary = proof.canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
+        benign = proof.benign_divergence_message(result, pod_names)
+        if benign is not None:
+            # A pass over a divergence is never silent: the status holds it per pair, this says so.
+            await self.kube.create_event(
+                self.state.body, reason="CanaryBenignDivergence", message=benign, type="Normal"
+            )
         blamed = proof.blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
         return plan.CanaryRun(canary, tuple(blamed))

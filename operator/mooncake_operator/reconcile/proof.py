@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
@@ -17,11 +17,20 @@ from mooncake_operator import api
 from mooncake_operator.api import (
     CanaryStatus,
     CanaryTarget,
+    DivergenceEvidence,
     MooncakeServingSpec,
     PairEvidence,
 )
 from mooncake_operator.canary import CanaryConfig, CanaryResult, Expectation, PairResult, customer_request
-from mooncake_operator.canary.models import ErrorKind, Verdict
+from mooncake_operator.canary.models import (
+    Comparison,
+    ComparisonMode,
+    Divergence,
+    DivergenceKind,
+    ErrorKind,
+    SuiteEntry,
+    Verdict,
+)
 
 _EXPECTATIONS = TypeAdapter(list[Expectation])
 _REASON_LIMIT = 1000
@@ -42,6 +51,39 @@ def canary_expectations(spec: MooncakeServingSpec) -> list[Expectation] | None:
     return _EXPECTATIONS.validate_python([item.model_dump() for item in spec.canary.expectations])
 
 
+def canary_comparison(spec: MooncakeServingSpec) -> Comparison:
+    comparison = spec.canary.comparison
+    return Comparison(
+        mode=ComparisonMode(comparison.mode),
+        top_k=comparison.top_k,
+        max_tie_gap_nats=comparison.max_tie_gap_nats,
+        max_drift_nats=comparison.max_drift_nats,
+    )
+
+
+def canary_suite(spec: MooncakeServingSpec) -> Literal["default", "off"] | list[SuiteEntry]:
+    """Unset: the default block-boundary suite; []: none; else the spec's requests (to the served model
+    unless they name one)."""
+    if spec.canary.suite is None:
+        return "default"
+    if not spec.canary.suite:
+        return "off"
+    entries = []
+    for item in spec.canary.suite:
+        request = api.plain(item.request)
+        expectations = None
+        if item.expectations is not None:
+            expectations = _EXPECTATIONS.validate_python([check.model_dump() for check in item.expectations])
+        entries.append(
+            SuiteEntry(
+                name=item.name,
+                request=request if "model" in request else {**request, "model": spec.model.name},
+                expectations=expectations,
+            )
+        )
+    return entries
+
+
 def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfig:
     options: dict[str, Any] = {
         "replicas": list(urls),
@@ -51,6 +93,8 @@ def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfi
         # The reader must load every block the prompt's hit should give (block size, Eagle's drop).
         "block_size": spec.engine.block_size,
         "eagle": spec.speculative is not None,
+        "comparison": canary_comparison(spec),
+        "suite": canary_suite(spec),
     }
     if spec.canary.max_chat_body_bytes is not None:
         options["max_chat_body_bytes"] = spec.canary.max_chat_body_bytes
@@ -132,8 +176,51 @@ def effective_verdict(result: CanaryResult, *, require_external_hit: bool) -> Ve
     """The run's verdict; without `requireExternalHit`, equal answers without a proven load pass."""
     if result.verdict is not Verdict.INCONCLUSIVE or require_external_hit:
         return result.verdict
-    proven_equal = all(pair.answers_equal and not pair.connection_error for pair in result.pairs)
+    proven_equal = all(
+        (pair.answers_equal or benign(pair.divergence)) and not pair.connection_error for pair in result.pairs
+    )
     return Verdict.PASSED if proven_equal else Verdict.INCONCLUSIVE
+
+
+def benign(divergence: Divergence | None) -> bool:
+    return divergence is not None and divergence.kind is DivergenceKind.BENIGN
+
+
+def benign_divergence_message(result: CanaryResult, pod_names: Sequence[str]) -> str | None:
+    """The Event's message when pairs that passed did so over a benign divergence; None when none did."""
+    names = dict(zip(result.replicas, pod_names, strict=False))
+    passed = [
+        f"{pair.request_name} {names.get(pair.writer, pair.writer)} -> "
+        f"{names.get(pair.reader, pair.reader)}: {pair.divergence.describe()}"
+        for pair in result.pairs
+        if pair.verdict is Verdict.PASSED and pair.divergence is not None and benign(pair.divergence)
+    ]
+    if not passed:
+        return None
+    message = f"run {result.run_id}: {len(passed)} pair(s) passed over a benign divergence; " + "; ".join(
+        passed
+    )
+    return message[:_REASON_LIMIT]
+
+
+def _divergence_evidence(divergence: Divergence | None) -> DivergenceEvidence | None:
+    if divergence is None:
+        return None
+    return DivergenceEvidence(
+        position=divergence.position,
+        kind=divergence.kind.value,
+        cold_token=divergence.cold_token,
+        warm_token=divergence.warm_token,
+        cold_gap_nats=_rounded(divergence.cold_gap_nats),
+        warm_gap_nats=_rounded(divergence.warm_gap_nats),
+        max_drift_nats=_rounded(divergence.max_drift_nats),
+        shared_tokens=divergence.shared_tokens,
+        reasons=[reason[:_REASON_LIMIT] for reason in divergence.reasons],
+    )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -160,6 +247,8 @@ def pair_evidence(pair: PairResult, names: dict[str, str]) -> PairEvidence:
         cold_latency_ms=_ms(pair.cold.latency_s) if pair.cold else None,
         warm_latency_ms=_ms(pair.warm.latency_s) if pair.warm else None,
         first_mismatch=pair.mismatch,
+        request=pair.request_name,
+        divergence=_divergence_evidence(pair.divergence),
         violations=list(pair.expectation_violations),
         notes=list(pair.notes),
     )

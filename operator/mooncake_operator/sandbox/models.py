@@ -7,6 +7,8 @@ model set and never reuses stale weights.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +17,7 @@ from mooncake_operator.sandbox.engine_env import EngineEnv, Log
 from mooncake_operator.sandbox.errors import SandboxSetupError
 
 GENERATOR = Path(__file__).with_name("tiny_models.py")
+PERTURBATION_GENERATOR = Path(__file__).with_name("perturbed_model.py")
 TARGET_REVISIONS = (1, 2)  # tiny_models.REVISIONS (the generator runs in the engine venv, not imported)
 
 
@@ -67,3 +70,60 @@ def generate_models(env: EngineEnv, output: Path) -> None:
     if result.returncode != 0:
         tail = "\n".join(result.stdout.splitlines()[-30:])
         raise SandboxSetupError(f"generating the tiny models failed (exit {result.returncode}):\n{tail}")
+
+
+@dataclass(frozen=True)
+class PerturbedTarget:
+    """A copy of the tiny target whose logits move by at most `bound_nats` (perturbed_model.py)."""
+
+    path: Path  # its basename is `target`, as the original's: vLLM keys the store by it
+    bound_nats: float
+    effective_bound_nats: float  # recomputed on the stored bf16 weights
+    typical_move_nats: float
+
+    def describe(self) -> str:
+        return (
+            f"lm_head perturbed: every logit moves by at most {self.effective_bound_nats:.3g} nats "
+            f"(asked {self.bound_nats:g}; typical {self.typical_move_nats:.2g}), KV unchanged; stands in "
+            "for another GPU's numerics (sandbox only)"
+        )
+
+
+def check_bound(bound_nats: float) -> float:
+    if not (math.isfinite(bound_nats) and 0 < bound_nats <= 10):
+        raise ValueError(f"the perturbation bound must be between 0 and 10 nats, got {bound_nats}")
+    return bound_nats
+
+
+def perturbed_dir(models: TinyModels, bound_nats: float) -> Path:
+    """Cached per (tiny models, generator version, bound); the leaf is named `target`."""
+    digest = hashlib.sha256(PERTURBATION_GENERATOR.read_bytes()).hexdigest()[:16]
+    return models.root / "perturbed" / f"{digest}-{check_bound(bound_nats)!r}" / "target"
+
+
+def ensure_perturbed_target(
+    env: EngineEnv, models: TinyModels, bound_nats: float, *, log: Log
+) -> PerturbedTarget:
+    """The perturbed copy of revision 1's target, generated once per bound with the engine's python."""
+    path = perturbed_dir(models, bound_nats)
+    report = path / "perturbation.json"
+    if not report.exists():
+        log(f"generating the tiny target with logits perturbed by at most {bound_nats:g} nats into {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            [str(env.python), str(PERTURBATION_GENERATOR), str(models.target), str(path), repr(bound_nats)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            tail = "\n".join(result.stdout.splitlines()[-30:])
+            raise SandboxSetupError(f"perturbing the tiny target failed (exit {result.returncode}):\n{tail}")
+    facts = json.loads(report.read_text())
+    return PerturbedTarget(
+        path=path,
+        bound_nats=float(facts["bound_nats"]),
+        effective_bound_nats=float(facts["effective_bound_nats"]),
+        typical_move_nats=float(facts["typical_move_nats"]),
+    )

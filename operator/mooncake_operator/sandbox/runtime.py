@@ -13,6 +13,7 @@ Ctrl-C or SIGTERM), leaving the context stops every process the sandbox started.
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import os
 import shutil
@@ -47,7 +48,13 @@ from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ens
 from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
 from mooncake_operator.sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSetupError
 from mooncake_operator.sandbox.ha import HaMasters, start_ha_masters
-from mooncake_operator.sandbox.models import TinyModels, ensure_tiny_models
+from mooncake_operator.sandbox.models import (
+    PerturbedTarget,
+    TinyModels,
+    check_bound,
+    ensure_perturbed_target,
+    ensure_tiny_models,
+)
 from mooncake_operator.sandbox.processes import ManagedProcess, free_port, stop_processes, tree_rss_bytes
 from mooncake_operator.sandbox.progress import Progress
 
@@ -113,10 +120,21 @@ class SandboxOptions:
     enable_oplog: bool = True
     # spec.store.isolateRevisions for every replica (off only to reproduce the revision-change hazard).
     store_isolation: bool = True
+    # Sandbox only: these replicas serve a copy of the target whose logits move by at most
+    # `perturb_nats` (perturbed_model.py): a benign numeric divergence, as between two GPUs.
+    perturb_nats: float | None = None
+    perturbed: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, got {self.replicas}")
+        if self.perturb_nats is not None:
+            check_bound(self.perturb_nats)
+            outside = [index for index in self.perturbed if not 0 <= index < self.replicas]
+            if outside or not self.perturbed:
+                raise ValueError(
+                    f"perturbed replicas must be indices of the {self.replicas} replicas: {self.perturbed}"
+                )
         if self.ha_masters == 1 or self.ha_masters < 0:
             raise ValueError(f"ha_masters must be 0 (one plain master) or at least 2, got {self.ha_masters}")
 
@@ -174,11 +192,26 @@ def canary_spec(*, speculative: bool, block_size: int) -> MooncakeServingSpec:
     return spec.model_copy(update={"engine": engine, "canary": SANDBOX_CANARY})
 
 
-def substitutions_for(models: TinyModels, *, speculative: bool, revision: int = 1) -> SandboxSubstitutions:
+def substitutions_for(
+    models: TinyModels,
+    *,
+    speculative: bool,
+    revision: int = 1,
+    perturbed: PerturbedTarget | None = None,
+) -> SandboxSubstitutions:
+    if perturbed is not None and revision != 1:
+        raise ValueError("the perturbed target is a copy of revision 1")
+    target = perturbed.path if perturbed is not None else models.target_for(revision)
     return SandboxSubstitutions(
-        model_path=str(models.target_for(revision)),
+        model_path=str(target),
         draft_model_path=str(models.draft) if speculative else None,
     )
+
+
+class Keep(enum.Enum):
+    """`restart_replicas`' default for a setting: leave it as it is."""
+
+    KEEP = "keep"
 
 
 def replica_env(inherited: Mapping[str, str], launch: EngineLaunch, build: EngineBuild) -> dict[str, str]:
@@ -197,6 +230,7 @@ class Replica:
     engine: EngineMode
     speculative: bool
     revision: int = 1  # of the tiny target's weights (TinyModels.target_for)
+    perturb_nats: float | None = None  # serves the perturbed target (SandboxOptions.perturb_nats)
     process: ManagedProcess | None = None
     launch: EngineLaunch | None = None
     restarts: int = 0
@@ -226,6 +260,7 @@ class Sandbox:
     keep_run_dir: bool = False  # set it to keep the logs although the block ends normally
     # Stalls of this machine's CPUs while the sandbox runs (a verdict then may be the machine's fault).
     cpu_stalls: CpuStallWatch = field(default_factory=CpuStallWatch)
+    perturbed_targets: dict[float, PerturbedTarget] = field(default_factory=dict)
     _stopped: bool = False
 
     # --- what users of the sandbox read ------------------------------------------------------------
@@ -282,10 +317,12 @@ class Sandbox:
         for replica in self.replicas:
             build = self.prepared.builds[replica.engine]
             draft = "eagle3" if replica.speculative else "no speculative config"
+            perturbed = self.perturbed_targets.get(replica.perturb_nats or 0.0)
             lines.append(
                 f"{replica.name}: {replica.url}, engine {replica.engine.value} "
                 f"(patch_connector.py status: {build.patcher_status}), {draft}, revision "
                 f"{replica.revision}, store keys {self.key_namespace(replica)}"
+                + (f", {perturbed.describe()}" if perturbed is not None else "")
             )
         return lines
 
@@ -303,9 +340,16 @@ class Sandbox:
         await self._start_master()
         options = self.options
         self.replicas = [
-            Replica(index=index, port=free_port(), engine=options.engine, speculative=options.speculative)
+            Replica(
+                index=index,
+                port=free_port(),
+                engine=options.engine,
+                speculative=options.speculative,
+                perturb_nats=options.perturb_nats if index in options.perturbed else None,
+            )
             for index in range(options.replicas)
         ]
+        await self._prepare_perturbations(self.replicas)
         for replica in self.replicas:
             self._launch(replica)
         await self._wait_healthy(self.replicas)
@@ -318,9 +362,12 @@ class Sandbox:
         speculative: bool | None = None,
         engine: EngineMode | None = None,
         revision: int | None = None,
+        perturb_nats: float | Keep | None = Keep.KEEP,
     ) -> None:
         """Stop replica `index` and start it again on the same port, optionally changed."""
-        await self.restart_replicas([index], speculative=speculative, engine=engine, revision=revision)
+        await self.restart_replicas(
+            [index], speculative=speculative, engine=engine, revision=revision, perturb_nats=perturb_nats
+        )
 
     async def restart_replicas(
         self,
@@ -329,8 +376,11 @@ class Sandbox:
         speculative: bool | None = None,
         engine: EngineMode | None = None,
         revision: int | None = None,
+        perturb_nats: float | Mapping[int, float | None] | Keep | None = Keep.KEEP,
     ) -> None:
-        """Restart several replicas at once (they start concurrently); None keeps a setting as it is."""
+        """Restart several replicas at once (they start concurrently); None keeps a setting as it is,
+        but for `perturb_nats`: None serves the original target, Keep.KEEP keeps it, a mapping sets it
+        per replica index (replicas it does not name keep theirs)."""
         chosen = [self.replicas[index] for index in indices]
         self.check_master()
         if engine is not None and engine not in self.prepared.builds:
@@ -339,15 +389,26 @@ class Sandbox:
             )
             builds = {**self.prepared.builds, engine: build}
             self.prepared = Prepared(self.prepared.cache, self.prepared.env, self.prepared.models, builds)
+        wanted = {r.index: r.perturb_nats for r in chosen}
+        if isinstance(perturb_nats, Mapping):
+            wanted.update({i: bound for i, bound in perturb_nats.items() if i in wanted})
+        elif not isinstance(perturb_nats, Keep):
+            wanted = dict.fromkeys(wanted, perturb_nats)
+        for replica in chosen:
+            bound = wanted[replica.index]
+            replica.perturb_nats = None if bound is None else check_bound(bound)
+        await self._prepare_perturbations(chosen)
         for replica in chosen:
             self.stop_replica(replica.index)
             replica.engine = engine or replica.engine
             replica.speculative = replica.speculative if speculative is None else speculative
             replica.revision = replica.revision if revision is None else revision
             replica.restarts += 1
+            perturbed = f", logits perturbed <= {replica.perturb_nats:g} nats" if replica.perturb_nats else ""
             self.progress.phase(
                 f"restarting {replica.name}: engine {replica.engine.value}, "
                 f"{'eagle3' if replica.speculative else 'no speculative config'}, revision {replica.revision}"
+                + perturbed
             )
             self._launch(replica)
         await self._wait_healthy(chosen)
@@ -463,6 +524,18 @@ class Sandbox:
                 )
             await asyncio.sleep(0.1)
 
+    async def _prepare_perturbations(self, replicas: Sequence[Replica]) -> None:
+        """Generate (once per bound) the perturbed targets these replicas serve, off the event loop."""
+        for bound in sorted({r.perturb_nats for r in replicas if r.perturb_nats is not None}):
+            if bound not in self.perturbed_targets:
+                self.perturbed_targets[bound] = await asyncio.to_thread(
+                    ensure_perturbed_target,
+                    self.prepared.env,
+                    self.prepared.models,
+                    bound,
+                    log=self.progress.phase,
+                )
+
     def _launch(self, replica: Replica) -> None:
         spec = self.spec_for(replica)
         store_config_path = self.run_dir / f"{replica.name}.mooncake_store.json"
@@ -474,7 +547,12 @@ class Sandbox:
             store_config_path=str(store_config_path),
             entrypoint=(str(self.prepared.env.python), "-m", SERVER_MODULE),
             substitutions=substitutions_for(
-                self.prepared.models, speculative=replica.speculative, revision=replica.revision
+                self.prepared.models,
+                speculative=replica.speculative,
+                revision=replica.revision,
+                perturbed=None
+                if replica.perturb_nats is None
+                else self.perturbed_targets[replica.perturb_nats],
             ),
             ha=self.ha.topology if self.ha is not None else None,
         )
