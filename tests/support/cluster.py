@@ -151,6 +151,26 @@ def check_operator_running() -> None:
                 raise ClusterError(f"the operator pod {name} is crash-looping; its last log lines:\n{log}")
 
 
+def print_canary_failure(name: str, status: dict[str, Any], namespace: str = "default") -> None:
+    """What a failed canary said, per pair, and how the replica pods last ended: the evidence a failed
+    node-tier run needs, since its cluster is torn down with the session."""
+    canary = status.get("canary") or {}
+    print(f"  canary {canary.get('verdict')}: {canary.get('reason')}", file=sys.stderr)
+    for pair in canary.get("pairs") or []:
+        print(f"    {pair.get('request')}: {pair.get('verdict')}: {pair.get('reason')}", file=sys.stderr)
+    listing = json.loads(
+        kubectl(["get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/instance={name}", "-o", "json"])
+    )
+    for pod in listing["items"]:
+        for container in pod["status"].get("containerStatuses") or []:
+            ended = (container.get("lastState") or {}).get("terminated") or {}
+            print(
+                f"  pod {pod['metadata']['name']}: restarts {container.get('restartCount')}, last ended "
+                f"{ended.get('reason')} (exit {ended.get('exitCode')})",
+                file=sys.stderr,
+            )
+
+
 def wait_for_verdict(name: str, timeout: float) -> str:
     """Prints each change of phase / ready replicas / conditions; returns Ready or CanaryFailed."""
     deadline = time.monotonic() + timeout
@@ -171,6 +191,7 @@ def wait_for_verdict(name: str, timeout: float) -> str:
         if conditions.get("Ready") == "True":
             return "Ready"
         if phase == "CanaryFailed":
+            print_canary_failure(name, status)
             return "CanaryFailed"
         check_operator_running()
         time.sleep(3)
