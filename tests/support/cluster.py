@@ -169,6 +169,11 @@ def print_canary_failure(name: str, status: dict[str, Any], namespace: str = "de
                 f"{ended.get('reason')} (exit {ended.get('exitCode')})",
                 file=sys.stderr,
             )
+            if ended:
+                previous = kubectl(
+                    ["logs", "-n", namespace, pod["metadata"]["name"], "--previous", "--tail=60"]
+                )
+                print(f"  its last log lines:\n{previous}", file=sys.stderr)
 
 
 def wait_for_verdict(name: str, timeout: float) -> str:
