@@ -648,6 +648,242 @@ def secret_flag_of(arg: str) -> tuple[str, str] | None:
     return None
 
 
+# Counted into the GPU request (a worker per GPU); data parallelism is refused (see EngineSpec).
+PIPELINE_PARALLEL_OPTIONS = ("--pipeline-parallel-size", "-pp")
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def _is_pipeline_parallel(flag: str) -> bool:
+    if flag == "-pp":
+        return True
+    # argparse abbreviations: vLLM has no other option starting with --pipe.
+    return flag.startswith("--pipe") and PIPELINE_PARALLEL_OPTIONS[0].startswith(flag)
+
+
+def _is_data_parallel(flag: str) -> bool:
+    """-dp and every --data-parallel-* option (and their abbreviations, -dpl, -dpr, ...)."""
+    if flag.startswith("-dp") and not flag.startswith("--"):
+        return True
+    return flag.startswith("--data-parallel") or (
+        len(flag) > len("--dat") and "--data-parallel".startswith(flag)
+    )
+
+
+def _pipeline_parallel_size(extra_args: Sequence[str]) -> int:
+    size = 1
+    for index, arg in enumerate(extra_args):
+        flag = engine_flag(arg)
+        if flag is None or not _is_pipeline_parallel(flag):
+            continue
+        if "=" in arg:
+            value: str | None = arg.split("=", 1)[1]
+        else:
+            value = extra_args[index + 1] if index + 1 < len(extra_args) else None
+        if value is None or not re.fullmatch(r"[0-9]+", value) or int(value) < 1:
+            raise ValueError(
+                f"engine.extraArgs: {flag} needs a positive whole number of pipeline stages, got {value!r}"
+            )
+        size = int(value)
+    return size
+
+
+# --- engine pods: security, identity, graceful drain, escape hatches (issue 24) --------------------------
+#
+# Kubernetes' own shapes. The operator sets hardened defaults (Pod Security "restricted" but for the user:
+# the engine images run as root) and everything it mounts or runs is reserved: extra volumes, mounts,
+# sidecars and init containers may add, never replace.
+
+HF_HOME_PATH = "/var/cache/huggingface"
+TMP_PATH = "/tmp"
+# Volumes and mount paths of the engine container (render.py builds them; a unit test keeps both in step).
+RESERVED_VOLUMES = frozenset(
+    {"store-config", "dshm", "hf-cache", "hf-token", "tmp", "rdma-devices", "etcd-ca"}
+)
+RESERVED_MOUNT_PATHS = frozenset(
+    {
+        "/etc/vllm",
+        "/dev/shm",
+        HF_HOME_PATH,
+        TMP_PATH,
+        "/dev/infiniband",
+        "/etc/mooncake/etcd-ca",
+        "/etc/mooncake/hf-token",
+    }
+)
+ENGINE_CONTAINER_NAME = "vllm"
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+class Capabilities(ApiModel):
+    add: list[str] | None = None
+    drop: list[str] | None = None
+
+
+class SeccompProfile(ApiModel):
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
+    localhost_profile: str | None = Field(default=None, min_length=1)
+
+
+class ContainerSecurityContext(ApiModel):
+    """Kubernetes' container securityContext, without `privileged` (only store.rdma.hostDevices sets it)."""
+
+    run_as_user: int | None = Field(default=None, ge=0)
+    run_as_group: int | None = Field(default=None, ge=0)
+    run_as_non_root: bool | None = None
+    read_only_root_filesystem: bool | None = None
+    allow_privilege_escalation: bool | None = None
+    capabilities: Capabilities | None = None
+    seccomp_profile: SeccompProfile | None = None
+
+
+class PodSecurityContext(ApiModel):
+    run_as_user: int | None = Field(default=None, ge=0)
+    run_as_group: int | None = Field(default=None, ge=0)
+    run_as_non_root: bool | None = None
+    fs_group: int | None = Field(default=None, ge=0)
+    fs_group_change_policy: Literal["Always", "OnRootMismatch"] | None = None
+    supplemental_groups: list[int] | None = None
+    seccomp_profile: SeccompProfile | None = None
+
+
+class VolumeMount(ApiModel):
+    name: str = Field(min_length=1)
+    mount_path: str = Field(min_length=1)
+    sub_path: str | None = Field(default=None, min_length=1)
+    read_only: bool | None = None
+
+
+def _overlaps_reserved(path: str) -> str | None:
+    clean = path.rstrip("/") or "/"
+    for reserved in sorted(RESERVED_MOUNT_PATHS):
+        if clean == reserved or reserved.startswith(clean.rstrip("/") + "/"):
+            return reserved
+    return None
+
+
+def _named(items: list[dict[str, Any]], field: str) -> list[str]:
+    names = []
+    for item in items:
+        name = item.get("name")
+        if not isinstance(name, str) or not _DNS_LABEL_RE.match(name) or len(name) > 63:
+            raise ValueError(f"{field}: every entry needs a name (a DNS label), got {name!r}")
+        names.append(name)
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{field}: names must be unique; repeated: {', '.join(duplicates)}")
+    return names
+
+
+class ReplicaPodSpec(ApiModel):
+    """Settings of the replica pods beyond the engine: security, identity, drain, and what users add."""
+
+    security_context: PodSecurityContext | None = Field(
+        default=None,
+        description=(
+            "The pod's securityContext; each field set here replaces the operator's default "
+            "(seccompProfile RuntimeDefault)."
+        ),
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "ServiceAccount of the replica pods, e.g. one bound to an IAM role (IRSA) or a Google service "
+            "account (Workload Identity) for weights on S3/GCS. Unset: the namespace's default."
+        ),
+    )
+    automount_service_account_token: bool = Field(
+        default=False,
+        description=(
+            "Mount the ServiceAccount's Kubernetes API token. IRSA and Workload Identity work without it; "
+            "set it only for code in the pod that calls the Kubernetes API. Needs serviceAccountName."
+        ),
+    )
+    runtime_class_name: str | None = Field(
+        default=None, min_length=1, description="RuntimeClass of the replica pods, e.g. nvidia."
+    )
+    drain_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=86400,
+        description=(
+            "On a roll or delete, how long a replica may finish its in-flight requests (preStop: it "
+            "leaves the Services first, then waits until vLLM runs none) before it is stopped; the "
+            "pod's terminationGracePeriodSeconds is this plus 30 s for the engine's own shutdown."
+        ),
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra pod volumes (Kubernetes' Volume shape)."
+    )
+    volume_mounts: list[VolumeMount] = Field(
+        default_factory=list, description="Extra mounts of the engine container (of pod.volumes)."
+    )
+    sidecars: list[dict[str, Any]] = Field(
+        default_factory=list, description="Extra containers next to the engine (Kubernetes' Container shape)."
+    )
+    init_containers: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Init containers, run before the engine (Kubernetes' Container shape).",
+    )
+
+    @model_validator(mode="after")
+    def _adds_never_replaces(self) -> ReplicaPodSpec:
+        if self.automount_service_account_token and self.service_account_name is None:
+            raise ValueError(
+                "pod.automountServiceAccountToken needs pod.serviceAccountName: it would mount the token of "
+                "the namespace's default ServiceAccount"
+            )
+        volumes = _named(self.volumes, "pod.volumes")
+        for volume in self.volumes:
+            if volume["name"] in RESERVED_VOLUMES:
+                raise ValueError(f"pod.volumes: {volume['name']} is a volume the operator manages")
+            sources = [key for key in volume if key != "name"]
+            if len(sources) != 1:
+                raise ValueError(
+                    f"pod.volumes {volume['name']}: set exactly one volume source (emptyDir, secret, "
+                    f"configMap, persistentVolumeClaim, csi, ...), got {sources or 'none'}"
+                )
+        paths: set[str] = set()
+        for mount in self.volume_mounts:
+            if mount.name not in volumes:
+                raise ValueError(
+                    f"pod.volumeMounts: {mount.name} is not in pod.volumes (the operator's volumes cannot "
+                    "be mounted twice)"
+                )
+            if not mount.mount_path.startswith("/"):
+                raise ValueError(f"pod.volumeMounts {mount.name}: mountPath must be absolute")
+            reserved = _overlaps_reserved(mount.mount_path)
+            if reserved is not None:
+                raise ValueError(
+                    f"pod.volumeMounts {mount.name}: {mount.mount_path} would cover {reserved}, which the "
+                    "operator mounts"
+                )
+            if mount.mount_path in paths:
+                raise ValueError(f"pod.volumeMounts: {mount.mount_path} is mounted twice")
+            paths.add(mount.mount_path)
+        containers = _named(self.sidecars, "pod.sidecars") + _named(
+            self.init_containers, "pod.initContainers"
+        )
+        if ENGINE_CONTAINER_NAME in containers:
+            raise ValueError(
+                f"pod.sidecars/pod.initContainers: {ENGINE_CONTAINER_NAME} is the engine container"
+            )
+        repeated = sorted({name for name in containers if containers.count(name) > 1})
+        if repeated:
+            raise ValueError(f"pod.sidecars and pod.initContainers share names: {', '.join(repeated)}")
+        for field, items in (("pod.sidecars", self.sidecars), ("pod.initContainers", self.init_containers)):
+            for container in items:
+                if not isinstance(container.get("image"), str) or not container["image"]:
+                    raise ValueError(f"{field} {container['name']}: image is required")
+                context = container.get("securityContext")
+                if isinstance(context, Mapping) and context.get("privileged"):
+                    raise ValueError(
+                        f"{field} {container['name']}: securityContext.privileged is refused (it would give "
+                        "the node to the pod)"
+                    )
+        return self
+
+
 # --- spec ----------------------------------------------------------------------------------------------
 
 
@@ -723,6 +959,29 @@ class ModelSpec(ApiModel):
             "HF_TOKEN_PATH. Never inline a token."
         ),
     )
+    served_model_name_aliases: list[str] = Field(
+        default_factory=list,
+        description=(
+            "More names the replicas answer to (--served-model-name NAME ALIAS...). model.name stays the "
+            "first served name: the canary and /v1/models use it."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _aliases_distinct(self) -> ModelSpec:
+        seen = {self.name}
+        for alias in self.served_model_name_aliases:
+            if not alias.strip() or alias != alias.strip():
+                raise ValueError(
+                    f"model.servedModelNameAliases: {alias!r} must be a non-empty name without surrounding "
+                    "spaces"
+                )
+            if alias in seen:
+                raise ValueError(
+                    f"model.servedModelNameAliases: {alias!r} is listed twice (model.name is always served)"
+                )
+            seen.add(alias)
+        return self
 
 
 class EnvVar(ApiModel):
@@ -756,6 +1015,8 @@ MANAGED_ENV = {
     "MC_STORE_CLUSTER_ID": "store.master.highAvailability",
     "SSL_CERT_DIR": "store.master.highAvailability.etcd.external.tls",
     "MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "the pod's IP (status.podIP), the store client's address",
+    "XDG_CACHE_HOME": "the writable /tmp volume (the root filesystem may be read-only)",
+    "TRITON_CACHE_DIR": "the writable /tmp volume (the root filesystem may be read-only)",
 }
 
 
@@ -792,6 +1053,49 @@ class EngineSpec(ApiModel):
         ge=10,
         description="How long a replica may take to download and load its weights before it is restarted.",
     )
+    gpus_per_node: int = Field(
+        default=DEFAULT_GPUS_PER_NODE,
+        ge=1,
+        le=64,
+        description=(
+            "GPUs the largest node offers. A replica runs on one node: tensorParallelSize times a "
+            "--pipeline-parallel-size in extraArgs must fit."
+        ),
+    )
+    security_context: ContainerSecurityContext | None = Field(
+        default=None,
+        description=(
+            "The engine container's securityContext; each field set here replaces the operator's default "
+            "(allowPrivilegeEscalation: false, capabilities.drop [ALL]). store.rdma adds what RDMA needs."
+        ),
+    )
+
+    def pipeline_parallel_size(self) -> int:
+        """The --pipeline-parallel-size (-pp) in extraArgs (argparse keeps the last), 1 without one."""
+        return _pipeline_parallel_size(self.extra_args)
+
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica uses: one per worker, tensor-parallel times pipeline-parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size()
+
+    @model_validator(mode="after")
+    def _parallelism_fits_a_node(self) -> EngineSpec:
+        for arg in self.extra_args:
+            flag = engine_flag(arg)
+            if flag is not None and _is_data_parallel(flag):
+                raise ValueError(
+                    f"engine.extraArgs must not contain {arg.split('=', 1)[0]}: a replica is one "
+                    "data-parallel rank; scale data parallelism with spec.replicas (each replica is proven "
+                    "by the canary and counted in its GPU request)"
+                )
+        gpus = self.tensor_parallel_size * _pipeline_parallel_size(self.extra_args)
+        if gpus > self.gpus_per_node:
+            raise ValueError(
+                f"engine.tensorParallelSize ({self.tensor_parallel_size}) times the pipeline-parallel size "
+                f"in engine.extraArgs ({gpus // self.tensor_parallel_size}) is {gpus} GPUs, more than "
+                f"engine.gpusPerNode ({self.gpus_per_node}): a replica runs on one node"
+            )
+        return self
 
     @model_validator(mode="after")
     def _no_managed_settings(self) -> EngineSpec:
@@ -1228,6 +1532,10 @@ class MooncakeServingSpec(ApiModel):
         default_factory=NetworkPolicySpec, description="NetworkPolicies of master and replicas."
     )
     # Optional, so resources written before it existed keep their spec digest (revision) unchanged.
+    pod: ReplicaPodSpec = Field(
+        default_factory=ReplicaPodSpec,
+        description="Replica pods: securityContext, ServiceAccount, drain budget, extra volumes, containers.",
+    )
     rollout: RolloutSpec | None = Field(
         default=None, description="Rollout strategy of the replicas; unset: strategy InPlace."
     )
@@ -1253,6 +1561,25 @@ class MooncakeServingSpec(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _pod_additions_fit_the_engine(self) -> MooncakeServingSpec:
+        for container in self.pod.sidecars:
+            for port in container.get("ports") or []:
+                if isinstance(port, Mapping) and port.get("containerPort") == self.engine.port:
+                    raise ValueError(
+                        f"pod.sidecars {container['name']}: port {self.engine.port} is engine.port (the "
+                        "containers of a pod share its network)"
+                    )
+        rdma = self.store.rdma
+        context = self.engine.security_context
+        host_devices = rdma is not None and rdma.host_devices
+        if host_devices and context is not None and context.allow_privilege_escalation is False:
+            raise ValueError(
+                "engine.securityContext.allowPrivilegeEscalation: false contradicts "
+                "store.rdma.hostDevices, which runs the engine privileged; use store.rdma.resourceName"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _canary_needs_pairs(self) -> MooncakeServingSpec:
         if self.canary.enabled and self.replicas < 2:
             raise ValueError(
@@ -1268,8 +1595,10 @@ class MooncakeServingSpec(ApiModel):
 VerdictField = Annotated[Verdict, Strict(False)]
 
 Phase = Literal["Pending", "Deploying", "Canary", "Ready", "CanaryFailed", "Degraded", "Invalid"]
-ConditionType = Literal["MasterReady", "ReplicasReady", "CanaryPassed", "Ready"]
+ConditionType = Literal["MasterReady", "ReplicasReady", "CanaryPassed", "Ready", "Reconciling", "Stalled"]
+# What each reconcile decides; then kstatus' two, derived from Ready (conditions.kstatus_states).
 CONDITION_TYPES: tuple[ConditionType, ...] = ("MasterReady", "ReplicasReady", "CanaryPassed", "Ready")
+KSTATUS_CONDITION_TYPES: tuple[ConditionType, ...] = ("Reconciling", "Stalled")
 
 
 class Condition(ApiModel):
@@ -1411,6 +1740,10 @@ class MooncakeServingStatus(ApiModel):
     observed_generation: int | None = Field(default=None, ge=0)
     conditions: list[Condition] = Field(default_factory=list)
     replicas: ReplicaCounts | None = None
+    selector: str | None = Field(
+        default=None,
+        description="The replica pods' label selector, for the scale subresource (HPA, KEDA).",
+    )
     canary: CanaryStatus | None = None
     last_good_revision: str | None = None
     desired_revision: str | None = Field(default=None, description="Digest of the spec.")

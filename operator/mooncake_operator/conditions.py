@@ -1,8 +1,10 @@
 """Status conditions: reason constants and the one pure helper that writes the full list.
 
 kopf and the API server merge-patch status, and a JSON merge patch replaces lists whole, so the operator
-always writes every condition (MasterReady, ReplicasReady, CanaryPassed, Ready, in that order).
-`lastTransitionTime` moves only when a condition's status flips, as Kubernetes conventions ask.
+always writes every condition (MasterReady, ReplicasReady, CanaryPassed, Ready, in that order, then
+kstatus' Reconciling and Stalled, derived from Ready so that Flux, `kubectl wait` and kstatus-based tools
+need no knowledge of this resource). `lastTransitionTime` moves only when a condition's status flips, as
+Kubernetes conventions ask.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from mooncake_operator.api import CONDITION_TYPES, Condition, ConditionType
+from mooncake_operator.api import CONDITION_TYPES, KSTATUS_CONDITION_TYPES, Condition, ConditionType
 
 MASTER_READY: ConditionType = "MasterReady"
 REPLICAS_READY: ConditionType = "ReplicasReady"
 CANARY_PASSED: ConditionType = "CanaryPassed"
 READY: ConditionType = "Ready"
+RECONCILING: ConditionType = "Reconciling"
+STALLED: ConditionType = "Stalled"
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -69,6 +73,22 @@ def unknown(reason: Reason, message: str = "") -> ConditionState:
     return ConditionState("Unknown", reason, message)
 
 
+# Ready reasons after which the operator cannot make progress without a change from the user (a new
+# spec, a rerun of the canary, or a fix of what refused a child): kstatus' Stalled.
+STALLED_REASONS = frozenset(
+    {Reason.INVALID_SPEC, Reason.CANARY_FAILED, Reason.ROLLED_BACK, Reason.APPLY_FAILED}
+)
+
+
+def kstatus_states(ready: ConditionState) -> dict[ConditionType, ConditionState]:
+    """Reconciling and Stalled as kstatus reads them: at most one is True, none when Ready is."""
+    if ready.status == "True":
+        return {RECONCILING: false(ready.reason), STALLED: false(ready.reason)}
+    if ready.reason in STALLED_REASONS:
+        return {RECONCILING: false(ready.reason), STALLED: true(ready.reason, ready.message)}
+    return {RECONCILING: true(ready.reason, ready.message), STALLED: false(ready.reason)}
+
+
 def find(conditions: Sequence[Condition], type_: ConditionType) -> Condition | None:
     return next((condition for condition in conditions if condition.type == type_), None)
 
@@ -80,14 +100,15 @@ def merge_conditions(
     now: str,
     generation: int | None,
 ) -> list[Condition]:
-    """The full list in the canonical order. A condition keeps its `lastTransitionTime` unless its
-    status differs from the previous one (or it had none)."""
+    """The full list in the canonical order (Reconciling and Stalled derived from Ready). A condition
+    keeps its `lastTransitionTime` unless its status differs from the previous one (or it had none)."""
     missing = [type_ for type_ in CONDITION_TYPES if type_ not in desired]
     if missing:
         raise ValueError(f"every condition must be given; missing: {', '.join(missing)}")
+    states = {**desired, **kstatus_states(desired[READY])}
     merged = []
-    for type_ in CONDITION_TYPES:
-        state = desired[type_]
+    for type_ in CONDITION_TYPES + KSTATUS_CONDITION_TYPES:
+        state = states[type_]
         before = find(previous, type_)
         transition = before.last_transition_time if before and before.status == state.status else now
         merged.append(

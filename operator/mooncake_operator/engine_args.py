@@ -253,10 +253,13 @@ def replica_launch(
             argv += ["--revision", model.revision]
         if model.tokenizer_revision is not None:
             argv += ["--tokenizer-revision", model.tokenizer_revision]
+        if model.served_model_name_aliases:
+            # model.name first: vLLM reports the first name, and the canary asks for it.
+            argv += ["--served-model-name", model.name, *model.served_model_name_aliases]
     else:
         # Local directories have no revisions; the served name keeps the customer's request valid.
         argv += _model_args(spec, entrypoint, sub.model_path)
-        argv += ["--served-model-name", model.name]
+        argv += ["--served-model-name", model.name, *model.served_model_name_aliases]
     if model.trust_remote_code:
         argv.append("--trust-remote-code")
     argv += [

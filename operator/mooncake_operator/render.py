@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from mooncake_operator import api
+from mooncake_operator import __version__, api
 from mooncake_operator.api import (
     MooncakeServing,
     MooncakeServingSpec,
@@ -56,6 +56,8 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
+# On the children, not on pod templates: an operator upgrade must not roll the engines.
+LABEL_VERSION = "app.kubernetes.io/version"
 
 # The client Service selects only replica pods carrying TRAFFIC_LABEL=TRAFFIC_ON. Pods start with
 # TRAFFIC_OFF (an unproven replica must not answer users); the operator sets TRAFFIC_ON on a pod once a
@@ -79,7 +81,7 @@ COMPONENT_ETCD = "store-etcd"
 
 # The ConfigMap is mounted as the directory of the path engine_args puts into MOONCAKE_CONFIG_PATH.
 STORE_CONFIG_DIR, STORE_CONFIG_KEY = posixpath.split(DEFAULT_STORE_CONFIG_PATH)
-HF_HOME = "/root/.cache/huggingface"
+HF_HOME = api.HF_HOME_PATH
 # vLLM 0.32's MooncakeStore worker passes this (else its guess of the host IP) to the store as its address.
 LOCAL_HOSTNAME_ENV = "MOONCAKE_REQUESTER_LOCAL_HOSTNAME"
 ENGINE_CONTAINER = "vllm"
@@ -130,6 +132,12 @@ def selector(resource: MooncakeServing, component: str) -> dict[str, str]:
     return {LABEL_INSTANCE: resource.metadata.name, LABEL_COMPONENT: component}
 
 
+def replica_selector_string(resource: MooncakeServing) -> str:
+    """Every replica pod of the resource (all its sets), as a serialized label selector (status.selector:
+    the scale subresource hands it to autoscalers)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(selector(resource, COMPONENT_REPLICA).items()))
+
+
 def owner_reference(resource: MooncakeServing, owner_uid: str) -> dict[str, Any]:
     """The controller reference that lets the garbage collector remove children with their owner."""
     return {
@@ -147,7 +155,11 @@ def object_meta(
 ) -> dict[str, Any]:
     """Metadata of a child. Without an owner uid (the resource does not exist yet, e.g. `render` for
     review) there is no owner reference: one with an invented uid would get the child garbage-collected."""
-    meta: dict[str, Any] = {"name": name, "namespace": resource.metadata.namespace, "labels": object_labels}
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": resource.metadata.namespace,
+        "labels": {**object_labels, LABEL_VERSION: __version__},
+    }
     if owner_uid is not None:
         meta["ownerReferences"] = [owner_reference(resource, owner_uid)]
     return meta
@@ -163,12 +175,12 @@ def format_bytes(value: Decimal | int) -> str:
 
 
 def store_memory_bytes(spec: MooncakeServingSpec) -> int:
-    """Host memory the store takes in one replica: every tensor-parallel worker mounts its own segment
-    (embedded mode) and allocates its own local transfer buffer."""
+    """Host memory the store takes in one replica: every worker (tensor- times pipeline-parallel) mounts
+    its own segment (embedded mode) and allocates its own local transfer buffer."""
     per_worker = spec.store.local_buffer_bytes()
     if spec.store.mode == "embedded":
         per_worker += spec.store.segment_bytes()
-    return spec.engine.tensor_parallel_size * per_worker
+    return spec.engine.gpus_per_replica() * per_worker
 
 
 def _resources(requirements: ResourceRequirements) -> dict[str, dict[str, str | int]]:
@@ -181,7 +193,7 @@ def _resources(requirements: ResourceRequirements) -> dict[str, dict[str, str | 
 
 
 def replica_resources(spec: MooncakeServingSpec) -> dict[str, dict[str, str | int]]:
-    """engine.resources plus the GPUs (= tensor-parallel size) and the store's memory.
+    """engine.resources plus the GPUs (tensor- times pipeline-parallel size) and the store's memory.
 
     The store's memory is added to the memory request (so the scheduler reserves it) and to a memory
     limit when one is set (so the segment cannot push the engine over it).
@@ -207,7 +219,7 @@ def replica_resources(spec: MooncakeServingSpec) -> dict[str, dict[str, str | in
         count = str(rdma.resource_count)
         requests[rdma.resource_name] = count
         limits[rdma.resource_name] = count
-    gpus = str(spec.engine.tensor_parallel_size)
+    gpus = str(spec.engine.gpus_per_replica())
     requests[api.GPU_RESOURCE] = gpus
     limits[api.GPU_RESOURCE] = gpus  # extended resources must have limit == request
     return {"requests": requests, "limits": limits}
@@ -428,6 +440,9 @@ def _http_service_port(resource: MooncakeServing) -> dict[str, Any]:
 def _replica_env(spec: MooncakeServingSpec, launch_env: dict[str, str]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in launch_env.items()]
     env.append({"name": "HF_HOME", "value": HF_HOME})
+    # Caches that default under $HOME go to the writable /tmp volume: the root filesystem may be read-only
+    # and the user not root.
+    env += [{"name": key, "value": value} for key, value in WRITABLE_CACHE_ENV.items()]
     if spec.model.hf_token_secret_ref is not None:
         # A file, not HF_TOKEN: an environment variable shows in `kubectl describe`, crash dumps and
         # every child process's environment. huggingface_hub (and so vLLM) reads HF_TOKEN_PATH.
@@ -454,6 +469,7 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "store-config", "configMap": {"name": names.store_config}},
         {"name": "dshm", "emptyDir": shm},
+        {"name": TMP_VOLUME, "emptyDir": {}},
     ]
     if cache.existing_claim is not None:
         volumes.append(
@@ -472,6 +488,7 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     if secret is not None:
         items = [{"key": secret.key, "path": HF_TOKEN_FILE}]
         volumes.append({"name": HF_TOKEN_VOLUME, "secret": {"secretName": secret.name, "items": items}})
+    volumes += spec.pod.volumes
     return volumes
 
 
@@ -539,6 +556,7 @@ def _replica_pod_template(resource: MooncakeServing, set_selector: dict[str, str
             {"name": "store-config", "mountPath": STORE_CONFIG_DIR, "readOnly": True},
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": HF_CACHE_VOLUME, "mountPath": HF_HOME},
+            {"name": TMP_VOLUME, "mountPath": api.TMP_PATH},
             *etcd_ca_mounts(resource),
             *(
                 [{"name": HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True}]
@@ -546,19 +564,22 @@ def _replica_pod_template(resource: MooncakeServing, set_selector: dict[str, str
                 else []
             ),
         ],
+        "lifecycle": {"preStop": {"exec": {"command": drain_command(spec)}}},
+        "securityContext": replica_security_context(spec),
     }
-    security = replica_security_context(spec)
-    if security:
-        container["securityContext"] = security
     if spec.store.rdma is not None and spec.store.rdma.host_devices:
         container["volumeMounts"].append({"name": RDMA_DEVICES_VOLUME, "mountPath": RDMA_DEVICES_PATH})
+    container["volumeMounts"] += [mount.to_wire() for mount in spec.pod.volume_mounts]
     pod_spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": spec.pod.drain_seconds + ENGINE_SHUTDOWN_SECONDS,
         **_pod_hardening(spec),
+        **replica_identity(spec),
         **replica_placement(resource),
-        "containers": [container],
+        "containers": [container, *spec.pod.sidecars],
         "volumes": _replica_volumes(resource),
     }
+    if spec.pod.init_containers:
+        pod_spec["initContainers"] = list(spec.pod.init_containers)
     return {
         "metadata": {
             "labels": {**_extra_pod_labels(spec), **pod_labels},
@@ -600,6 +621,31 @@ def operator_peer(operator_namespace: str) -> dict[str, Any]:
     }
 
 
+TMP_VOLUME = "tmp"
+WRITABLE_CACHE_ENV = {"XDG_CACHE_HOME": "/tmp/cache", "TRITON_CACHE_DIR": "/tmp/triton"}
+ENGINE_SHUTDOWN_SECONDS = 30
+DRAIN_SETTLE_SECONDS = 5
+# Run by the engine image's python3 (stdlib only). argv: port, budget, settle seconds. Any failure to read
+# the metrics ends the wait: the server is gone, or the hook cannot tell, and SIGTERM follows either way.
+DRAIN_SCRIPT = """\
+import sys, time, urllib.request
+port, budget, settle = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + budget
+time.sleep(settle)
+gauges = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+while time.monotonic() < deadline:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(gauges))
+    except Exception:
+        break
+    if busy == 0:
+        break
+    time.sleep(1)
+"""
+
+
 def replica_command(spec: MooncakeServingSpec, argv: tuple[str, ...]) -> list[str]:
     rdma = spec.store.rdma
     if rdma is not None and rdma.memlock == "Wrapper":
@@ -607,22 +653,76 @@ def replica_command(spec: MooncakeServingSpec, argv: tuple[str, ...]) -> list[st
     return list(argv)
 
 
-def replica_security_context(spec: MooncakeServingSpec) -> dict[str, Any]:
+def rdma_capabilities(spec: MooncakeServingSpec) -> list[str]:
     """RDMA registers (pins) memory: IPC_LOCK lifts the kernel's memlock check for that; SYS_RESOURCE
-    lets the memlock wrapper raise the limit user-space libraries read; /dev/infiniband from the node
-    can only be opened by a privileged container (the device cgroup denies it otherwise)."""
+    lets the memlock wrapper raise the limit user-space libraries read. Neither is in Pod Security
+    "baseline": a namespace running RDMA replicas needs "privileged"."""
     rdma = spec.store.rdma
-    if rdma is None:
-        return {}
-    if rdma.host_devices:
-        return {"privileged": True}
-    capabilities = ["IPC_LOCK"] + (["SYS_RESOURCE"] if rdma.memlock == "Wrapper" else [])
-    return {"capabilities": {"add": capabilities}}
+    if rdma is None or rdma.host_devices:
+        return []
+    return ["IPC_LOCK"] + (["SYS_RESOURCE"] if rdma.memlock == "Wrapper" else [])
+
+
+def replica_security_context(spec: MooncakeServingSpec) -> dict[str, Any]:
+    """The engine container's securityContext: the defaults, each field the user sets replacing its
+    default, then what RDMA needs added (capabilities; /dev/infiniband from the node can only be opened by
+    a privileged container, the device cgroup denies it otherwise)."""
+    rdma = spec.store.rdma
+    host_devices = rdma is not None and rdma.host_devices
+    # Privileged gets every capability whatever is dropped, and the API server refuses it next to
+    # allowPrivilegeEscalation: false: no defaults then.
+    context: dict[str, Any] = (
+        {} if host_devices else {"capabilities": {"drop": ["ALL"]}, "allowPrivilegeEscalation": False}
+    )
+    if spec.engine.security_context is not None:
+        context.update(spec.engine.security_context.to_wire())
+    needed = rdma_capabilities(spec)
+    if needed:
+        capabilities = dict(context.get("capabilities", {}))
+        capabilities["add"] = [
+            *capabilities.get("add", []),
+            *(c for c in needed if c not in capabilities.get("add", [])),
+        ]
+        context["capabilities"] = capabilities
+    if host_devices:
+        context["privileged"] = True
+    return context
+
+
+def replica_identity(spec: MooncakeServingSpec) -> dict[str, Any]:
+    """Pod securityContext, ServiceAccount, API token and RuntimeClass of the replica pods."""
+    pod = spec.pod
+    context: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if pod.security_context is not None:
+        context.update(pod.security_context.to_wire())
+    out: dict[str, Any] = {"securityContext": context}
+    if pod.service_account_name is not None:
+        out["serviceAccountName"] = pod.service_account_name
+        out["automountServiceAccountToken"] = pod.automount_service_account_token
+    if pod.runtime_class_name is not None:
+        out["runtimeClassName"] = pod.runtime_class_name
+    return out
+
+
+def drain_command(spec: MooncakeServingSpec) -> list[str]:
+    """The engine's preStop: a terminating pod leaves the Services' endpoints (no new requests once
+    kube-proxy and the clients' load balancers notice, DRAIN_SETTLE_SECONDS), then the hook waits until
+    vLLM runs and queues no request, at most pod.drainSeconds; the kubelet sends SIGTERM after it."""
+    budget = spec.pod.drain_seconds
+    return [
+        "python3",
+        "-c",
+        DRAIN_SCRIPT,
+        str(spec.engine.port),
+        str(budget),
+        str(min(DRAIN_SETTLE_SECONDS, budget)),
+    ]
 
 
 def _pod_hardening(spec: MooncakeServingSpec) -> dict[str, Any]:
     """Pod-level settings every pod of the resource shares: no API token (they never call the API, and
-    trustRemoteCode runs model code), the image pull secrets."""
+    trustRemoteCode runs model code; replicas with pod.serviceAccountName say so themselves), the image
+    pull secrets."""
     out: dict[str, Any] = {"automountServiceAccountToken": False}
     if spec.image_pull_secrets:
         out["imagePullSecrets"] = [secret.to_wire() for secret in spec.image_pull_secrets]

@@ -310,7 +310,42 @@ def _existing_claim(obj: Manifest) -> Manifest:
     return with_change(obj, "spec.model.cache", {"existingClaim": "hf-cache"})
 
 
+PRODUCTION_POD = {
+    "securityContext": {"fsGroup": 1000, "fsGroupChangePolicy": "OnRootMismatch", "runAsUser": 1000},
+    "serviceAccountName": "weights-reader",
+    "automountServiceAccountToken": True,
+    "runtimeClassName": "nvidia",
+    "drainSeconds": 900,
+    "volumes": [{"name": "creds", "secret": {"secretName": "s3-creds"}}, {"name": "scratch", "emptyDir": {}}],
+    "volumeMounts": [{"name": "creds", "mountPath": "/etc/creds", "readOnly": True}],
+    "sidecars": [
+        {"name": "shipper", "image": "shipper:1", "ports": [{"containerPort": 9100, "name": "ship"}]}
+    ],
+    "initContainers": [
+        {"name": "prefetch", "image": "prefetch:1", "volumeMounts": [{"name": "scratch", "mountPath": "/w"}]}
+    ],
+}
+
+
+def _production_pod(obj: Manifest) -> Manifest:
+    """Issue 24's engine pod: security contexts, identity, drain, every escape hatch, aliases, -pp."""
+    changed = with_change(obj, "spec.pod", copy.deepcopy(PRODUCTION_POD))
+    changed = with_change(
+        changed,
+        "spec.engine.securityContext",
+        {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    )
+    changed = with_change(changed, "spec.engine.extraArgs", ["-pp", "2"])
+    return with_change(changed, "spec.model.servedModelNameAliases", ["minimax"])
+
+
 VALID_VARIANTS = {
+    "production-pod": _production_pod,
     "no-speculative": _no_speculative,
     "rdma-with-device": _rdma,
     "one-replica-canary-off": _single_replica_without_canary,
@@ -340,7 +375,7 @@ async def test_valid_variants_are_stored_and_read_back_unchanged(
         assert stored["spec"]["canary"]["expectations"][0]["values"] == ["us-west", 4, 16]
     if variant == "existing-pvc-cache":
         assert stored["spec"]["model"]["cache"] == {"existingClaim": "hf-cache"}
-    if variant in ("placement-and-metadata", "rdma-host-network", "claim-per-replica"):
+    if variant in ("placement-and-metadata", "rdma-host-network", "claim-per-replica", "production-pod"):
         assert_kept(obj["spec"], stored["spec"], "spec")
 
 
@@ -501,7 +536,8 @@ MODEL_ONLY_RULES: dict[str, tuple[str, Any, str]] = {
         [{"name": "A", "value": "1", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}],
         "exactly one of value and valueFrom",
     ),
-    "claim-and-ephemeral": ("spec.model.cache.volumeClaimTemplate", {"size": "1Ti"}, "not both"),
+    # The example's cache is a volumeClaimTemplate.
+    "claim-and-ephemeral": ("spec.model.cache.ephemeralSize", "1Ti", "not both"),
 }
 
 
@@ -645,11 +681,15 @@ async def test_the_disruption_budget_is_policy_v1_where_served_and_the_same_in_v
     assert {**v1, "apiVersion": beta["apiVersion"]} == beta
 
 
-@pytest.mark.parametrize("example", ["customer", "rdma"])
+@pytest.mark.parametrize("example", ["customer", "rdma", "production-pod"])
 async def test_every_rendered_child_passes_a_server_side_dry_run_and_nothing_is_written(
     kube: KubeClient, namespace: str, crd_installed: Manifest, example: str
 ) -> None:
-    obj = customer_example(namespace) if example == "customer" else rdma_example(namespace)
+    obj = {
+        "customer": lambda: customer_example(namespace),
+        "rdma": lambda: rdma_example(namespace),
+        "production-pod": lambda: _production_pod(customer_example(namespace)),
+    }[example]()
     owner = await create(kube, obj)
     resource = parse_resource(owner)
     policy = await served_policy_version(kube)

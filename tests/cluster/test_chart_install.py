@@ -26,10 +26,14 @@ from tests.support.chart import (
     run_helm,
 )
 
+from mooncake_operator import crd
 from mooncake_operator.kube import KubeClient
 
 MANAGER = "mooncake-chart-test"
-CRD_PATH = next((CHART_DIR / "crds").glob("*.yaml"))
+CRD_PATH = CHART_DIR.parents[1] / "crds" / crd.CRD_FILENAME
+# The CRD is a chart template: a release adopts the one the session's other tests applied (as a cluster
+# upgraded from a chart with crds/ does, docs/install.md#upgrading).
+ADOPT_CRD = "--take-ownership"
 
 
 def crd_manifest() -> Manifest:
@@ -141,7 +145,9 @@ def installed(kube_cluster: ControlPlane, namespace: str) -> Iterator[tuple[str,
     """`helm install` of the chart with default values into a fresh namespace; uninstalled after."""
     release = unique_release()
     env = {"KUBECONFIG": str(kube_cluster.kubeconfig)}
-    result = run_helm(["install", release, str(CHART_DIR), "--namespace", namespace], env=env).check()
+    result = run_helm(
+        ["install", release, str(CHART_DIR), "--namespace", namespace, ADOPT_CRD], env=env
+    ).check()
     try:
         yield release, result.stdout
     finally:
@@ -173,6 +179,7 @@ async def test_helm_install_creates_every_object_of_the_chart(
     ).check()
     assert sorted(m["kind"] for m in parse_manifests(manifest.stdout)) == sorted(
         [
+            "CustomResourceDefinition",
             "ServiceAccount",
             "Service",
             "Deployment",
@@ -195,10 +202,10 @@ async def test_helm_install_creates_every_object_of_the_chart(
 async def test_helm_uninstall_keeps_the_crd_and_removes_the_rest(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str
 ) -> None:
-    """helm never deletes CRDs from crds/ (that would delete every MooncakeServing): uninstall leaves it."""
+    """The CRD template is kept on uninstall (deleting it would delete every MooncakeServing)."""
     release = unique_release()
     env = {"KUBECONFIG": str(kube_cluster.kubeconfig)}
-    run_helm(["install", release, str(CHART_DIR), "--namespace", namespace], env=env).check()
+    run_helm(["install", release, str(CHART_DIR), "--namespace", namespace, ADOPT_CRD], env=env).check()
     run_helm(["uninstall", release, "--namespace", namespace], env=env).check()
     fullname = f"{release}-mooncake-operator"
     assert (

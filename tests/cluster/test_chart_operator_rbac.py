@@ -90,7 +90,8 @@ async def installed(
     serving_namespace = await make_namespace(kube)
     other_namespace = await make_namespace(kube)
     release = f"r{uuid.uuid4().hex[:8]}"
-    args = ["install", release, str(CHART_DIR), "--namespace", namespace]
+    # --take-ownership: the CRD (a chart template) exists already, applied by the session's other tests.
+    args = ["install", release, str(CHART_DIR), "--namespace", namespace, "--take-ownership"]
     if request.param == "namespaced":
         args += ["--set", f"watchNamespaces={{{serving_namespace}}}"]
     env = {"KUBECONFIG": str(kube_cluster.kubeconfig)}

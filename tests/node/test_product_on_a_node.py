@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from typing import Any
 
@@ -90,6 +91,22 @@ def test_master_and_replicas_run_the_built_images_ready_through_their_probes(
         ]
     )
     assert state.strip() == "patched"
+    # The example runs the engine as Pod Security "restricted" asks: an unprivileged user, a read-only
+    # root filesystem; it became Ready above, so vLLM and the store client serve that way.
+    exec_in_replica = ["exec", "--namespace=default", replica["metadata"]["name"], "--"]
+    assert kubectl([*exec_in_replica, "id", "-u"]).strip() == "1000"
+    refused = subprocess.run(
+        [
+            str(kube_node.kube_binaries()["kubectl"]),
+            f"--kubeconfig={kube_node.admin_kubeconfig()}",
+            *exec_in_replica,
+            "touch",
+            "/etc/mooncake-operator/probe",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode != 0 and "Read-only file system" in refused.stderr, refused
 
 
 def test_operator_log_has_no_forbidden_calls(node_cluster: kube_node.Images) -> None:
@@ -109,6 +126,37 @@ def test_helm_test_runs_the_canary_pod_and_it_passes(node_cluster: kube_node.Ima
     )
     assert re.search(r"Phase:\s+Succeeded", output), output
     assert '"verdict": "Passed"' in output or '"verdict":"Passed"' in output, output
+
+
+def test_kubectl_scale_adds_a_replica_that_serves_once_a_canary_covered_it(
+    node_cluster: kube_node.Images,
+) -> None:
+    kubectl(["scale", "mcs", NAME, "--namespace=default", "--replicas=3"])
+
+    def scaled() -> dict[str, Any] | None:
+        body = cluster.get_serving(NAME)
+        status = body.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        done = (
+            status.get("observedGeneration") == body["metadata"]["generation"]
+            and conditions.get("Ready") == "True"
+            and (status.get("replicas") or {}).get("ready") == 3
+        )
+        return status if done else None
+
+    status = wait_until("three replicas Ready after `kubectl scale`", scaled, VERDICT_TIMEOUT)
+    assert status["replicas"]["desired"] == 3
+    covering = [
+        pair
+        for pair in status["canary"]["pairs"]
+        if "-replica-2" in pair["writer"] or "-replica-2" in pair["reader"]
+    ]
+    assert covering and all(pair["verdict"] == "Passed" for pair in covering), status["canary"]["pairs"]
+    replicas = pods("default", f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=vllm")
+    assert len(replicas) == 3
+    endpoints = get_json("get", "endpoints", NAME, "--namespace=default")
+    serving_ips = {a["ip"] for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []}
+    assert serving_ips == {p["status"]["podIP"] for p in replicas}
 
 
 def test_deleting_the_resource_removes_its_pods(node_cluster: kube_node.Images) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import filecmp
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from tests.support.chart import (
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands.canary import UsageError, refuse_what_flags, with_how_flags
 from mooncake_operator.commands.canary_resource import resource_canary
+from mooncake_operator.crd import CRD_FILENAME, chart_template
 from mooncake_operator.examples import customer_deployment
 
 pytestmark = pytest.mark.unit
@@ -156,6 +156,7 @@ def test_default_render_is_the_operator_and_nothing_optional(rendered: dict[str,
     kinds = sorted(m["kind"] for m in rendered["defaults"])
     assert kinds == sorted(
         [
+            "CustomResourceDefinition",  # a template kept on uninstall
             "ServiceAccount",
             "Service",
             "Deployment",
@@ -171,13 +172,26 @@ def test_default_render_is_the_operator_and_nothing_optional(rendered: dict[str,
         "no test Pod without test.servingName"
     )
     for manifest in rendered["defaults"]:
-        if manifest["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if manifest["kind"] not in ("ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"):
             assert manifest["metadata"]["namespace"] == RELEASE_NAMESPACE, manifest["metadata"]
 
 
-def test_crds_ship_with_the_chart(tmp_path: Path) -> None:
-    crds = by_kind(render({}, tmp_path, include_crds=True), "CustomResourceDefinition")
-    assert [crd["metadata"]["name"] for crd in crds] == ["mooncakeservings.serving.mooncake-operator.dev"]
+def test_the_crd_is_a_template_kept_on_uninstall(tmp_path: Path) -> None:
+    """A template (upgraded with the chart), not crds/ (installed once, never upgraded), and never deleted
+    by helm: `helm.sh/resource-policy: keep`."""
+    assert not (CHART_DIR / "crds").exists(), "helm would install crds/ once and never upgrade it"
+    (crd,) = by_kind(render({}, tmp_path), "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "mooncakeservings.serving.mooncake-operator.dev"
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    labels = crd["metadata"]["labels"]
+    assert (
+        labels["app.kubernetes.io/version"]
+        == yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    )
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    expected = yaml.safe_load((REPO_ROOT / "crds" / CRD_FILENAME).read_text(encoding="utf-8"))
+    assert crd["spec"] == expected["spec"]
+    assert not by_kind(render({"crds": {"install": False}}, tmp_path), "CustomResourceDefinition")
 
 
 def validatable(manifests: list[Manifest]) -> list[tuple[str, Manifest]]:
@@ -516,17 +530,17 @@ def test_extra_args_that_say_what_to_prove_fail_the_run(tmp_path: Path) -> None:
 # --- CRDs --------------------------------------------------------------------------------------------
 
 
-def test_chart_crds_are_the_generated_crds() -> None:
-    root, chart = REPO_ROOT / "crds", CHART_DIR / "crds"
-    root_files = sorted(p.name for p in root.glob("*.yaml"))
-    chart_files = sorted(p.name for p in chart.glob("*.yaml"))
-    assert root_files, f"no CRDs in {root}: run mooncake-operator crd --output-dir ."
-    stale = [
-        name
-        for name in root_files
-        if name not in chart_files or not filecmp.cmp(root / name, chart / name, shallow=False)
-    ]
-    extra = sorted(set(chart_files) - set(root_files))
-    assert not stale and not extra, (
-        f"the chart's CRDs differ from crds/ (stale: {stale}, extra: {extra}): run scripts/sync-chart-crds"
-    )
+def test_chart_crd_template_is_the_generated_crd() -> None:
+    root_files = sorted((REPO_ROOT / "crds").glob("*.yaml"))
+    assert [path.name for path in root_files] == [CRD_FILENAME], "crds/ must hold exactly the generated CRD"
+    template = CHART_DIR / "templates" / "crds.yaml"
+    assert template.read_text(encoding="utf-8") == chart_template(
+        root_files[0].read_text(encoding="utf-8")
+    ), "the chart's templates/crds.yaml differs from crds/: run scripts/sync-chart-crds"
+
+
+def test_chart_template_refuses_what_helm_would_misread() -> None:
+    with pytest.raises(ValueError, match="template action"):
+        chart_template("apiVersion: v1\nmetadata:\n  name: x\nspec:\n  description: '{{ x }}'\n")
+    with pytest.raises(ValueError, match="one top-level metadata"):
+        chart_template("apiVersion: v1\nspec: {}\n")

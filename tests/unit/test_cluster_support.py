@@ -80,7 +80,7 @@ def test_cni_has_no_masquerade_out_of_the_namespace() -> None:
 def test_cpu_example_is_valid_and_uses_the_models_volume() -> None:
     resource = MooncakeServing.model_validate(yaml.safe_load(cluster.EXAMPLE.read_text()))
     assert resource.spec.model.cache.existing_claim == cluster.MODELS_CLAIM
-    assert resource.spec.model.name.startswith(f"/root/.cache/huggingface/{cluster.MODELS_SUBDIR}/")
+    assert resource.spec.model.name.startswith(f"/var/cache/huggingface/{cluster.MODELS_SUBDIR}/")
     assert resource.spec.speculative is not None
     assert not set(resource.spec.engine.extra_args) & set(MANAGED_ENGINE_FLAGS)
     assert cluster.example_resource("img:1")["spec"]["engine"]["image"] == "img:1"

@@ -82,7 +82,15 @@ def test_names_versions_subresources_and_columns() -> None:
     )
     (version,) = crd["spec"]["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        # kubectl scale, HPA and KEDA: spec.replicas, the observed count, the replica pods' selector
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas.desired",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns == {
         "Phase": ".status.phase",

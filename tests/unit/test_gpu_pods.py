@@ -343,7 +343,7 @@ def test_master_scheduling_pull_secrets_and_pod_metadata() -> None:
 
 def test_an_ephemeral_cache_is_requested_as_ephemeral_storage() -> None:
     obj = changed(
-        example(),
+        changed(example(), "spec.model.cache", {"ephemeralSize": "600Gi"}),
         "spec.engine.resources",
         {"requests": {"ephemeral-storage": "20Gi"}, "limits": {"ephemeral-storage": "50Gi"}},
     )
@@ -468,7 +468,10 @@ def test_the_rdma_example_renders_pods_that_can_use_rdma() -> None:
     template = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]
     assert container["command"][:3] == ["/bin/sh", "-c", 'ulimit -l unlimited && exec "$0" "$@"']
     assert container["command"][3:5] == ["vllm", "serve"]
-    assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK", "SYS_RESOURCE"]}}
+    assert container["securityContext"] == {
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK", "SYS_RESOURCE"]},
+        "allowPrivilegeEscalation": False,
+    }
     assert container["resources"]["requests"]["rdma/hca_shared_devices_a"] == "1"
     assert container["resources"]["limits"]["rdma/hca_shared_devices_a"] == "1"
     assert template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "rdma-net"
@@ -493,13 +496,14 @@ def test_host_devices_host_network_and_the_runtimes_memlock() -> None:
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert "requiredDuringSchedulingIgnoredDuringExecution" in spec["affinity"]["podAntiAffinity"]
     runtime = parse_resource(with_rdma(example(), {"resourceName": "rdma/ib", "memlock": "Runtime"}))
-    assert engine(runtime)["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert engine(runtime)["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
 
 
 def test_tcp_pods_carry_nothing_rdma() -> None:
     resource = parse_resource(example())
     container = engine(resource)
-    assert "securityContext" not in container
+    assert "add" not in container["securityContext"]["capabilities"]
+    assert "privileged" not in container["securityContext"]
     assert container["command"][:2] == ["vllm", "serve"]
     assert not any(key.startswith("rdma/") for key in container["resources"]["requests"])
 

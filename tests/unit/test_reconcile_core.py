@@ -477,3 +477,41 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
     [event] = events
     assert event["reason"] == "CanaryBenignDivergence" and event["type"] == "Normal"
     assert "passed over a benign divergence" in event["message"]
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"pod": {"volumes": [{"name": "hf-cache", "emptyDir": {}}]}}, "pod.volumes: hf-cache"),
+        ({"pod": {"sidecars": [{"name": "vllm", "image": "x:1"}]}}, "pod.sidecars/pod.initContainers: vllm"),
+        ({"pod": {"automountServiceAccountToken": True}}, "pod.automountServiceAccountToken"),
+        ({"engine": {"image": "e:1", "extraArgs": ["-dp", "2"]}}, "engine.extraArgs must not contain -dp"),
+        ({"engine": {"image": "e:1", "tensorParallelSize": 16}}, "engine.gpusPerNode (8)"),
+    ],
+)
+async def test_an_invalid_engine_pod_is_marked_invalid_and_nothing_is_applied(
+    change: dict[str, Any], field: str, closing: list[Runtime]
+) -> None:
+    resource = _demo_resource()
+    resource["spec"].update(change)
+    writes: list[tuple[str, str]] = []
+    status_patches: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method != "GET":
+            writes.append((request.method, request.url.path))
+        if request.url.path.endswith("/status"):
+            status_patches.append(json.loads(request.content))
+        return httpx.Response(200, json=resource)
+
+    runtime = runtime_answering(handler)
+    closing.append(runtime)
+    outcome = await reconcile(runtime, "ns", "demo")
+    assert outcome.result is ReconcileResult.INVALID
+    assert field in outcome.message
+    assert all(path.endswith("/status") or "/events" in path for _, path in writes), writes
+    status = status_patches[-1]["status"]
+    assert status["phase"] == "Invalid"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert (conditions["Stalled"]["status"], conditions["Stalled"]["reason"]) == ("True", "InvalidSpec")
+    assert conditions["Reconciling"]["status"] == "False"

@@ -263,8 +263,11 @@ def test_volumes_shm_is_memory_backed_and_cache_is_ephemeral_or_a_claim() -> Non
 
     example = volumes(customer_deployment())
     assert example["dshm"]["emptyDir"] == {"medium": "Memory"}
-    assert example["hf-cache"]["emptyDir"] == {"sizeLimit": "600Gi"}
+    assert "hf-cache" not in example  # the example's claim template provides it
     assert example["store-config"]["configMap"] == {"name": "minimax-m25-store-config"}
+    obj = example_dict()
+    obj["spec"]["model"]["cache"] = {"ephemeralSize": "600Gi"}
+    assert volumes(parse_resource(obj))["hf-cache"]["emptyDir"] == {"sizeLimit": "600Gi"}
     variant = volumes(small_variant())
     assert variant["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
     assert variant["hf-cache"]["persistentVolumeClaim"] == {"claimName": "hf-cache"}
@@ -274,13 +277,12 @@ def test_gpus_equal_tensor_parallel_size_and_memory_adds_the_store() -> None:
     resources = replica_container(customer_deployment())["resources"]
     # 4 tensor-parallel workers, each mounting an 80GB segment and a 4GB local buffer.
     store = 4 * (80 + 4)
-    assert resources["requests"] == {
-        "cpu": "16",
-        "memory": f"{128 + store}Gi",
-        "ephemeral-storage": "600Gi",  # the emptyDir cache (model.cache.ephemeralSize)
-        "nvidia.com/gpu": "4",
-    }
+    assert resources["requests"] == {"cpu": "16", "memory": f"{128 + store}Gi", "nvidia.com/gpu": "4"}
     assert resources["limits"] == {"memory": f"{192 + store}Gi", "nvidia.com/gpu": "4"}
+    obj = example_dict()
+    obj["spec"]["model"]["cache"] = {"ephemeralSize": "600Gi"}
+    ephemeral = replica_container(parse_resource(obj))["resources"]
+    assert ephemeral["requests"]["ephemeral-storage"] == "600Gi"  # the emptyDir cache
 
 
 def test_memory_request_without_a_user_request_is_the_store_alone() -> None:

@@ -412,6 +412,7 @@ def _next_status(
             generation=generation,
         ),
         replicas=ReplicaCounts(desired=replicas.desired, ready=replicas.ready),
+        selector=render.replica_selector_string(inputs.resource),
         canary=canary,
         last_good_revision=revisions.last_good,
         desired_revision=revisions.desired,

@@ -1,0 +1,75 @@
+"""Scaling (`kubectl scale mcs`, an HPA or KEDA through the /scale subresource): a new replica joins user
+traffic only after a canary covered it, like any rollout; the replicas already proven keep serving."""
+
+from __future__ import annotations
+
+import pytest
+from tests.unit.test_reconcile_plan import MASTER, NOW, TIMING, pod, run, stored
+
+from mooncake_operator import api, render
+from mooncake_operator.api import MooncakeServing
+from mooncake_operator.reconcile import plan
+from mooncake_operator.reconcile.observe import MasterState, Observation, ReplicaState
+from mooncake_operator.reconcile.plan import CanaryRun, Inputs, Plan
+from mooncake_operator.reconcile.revisions import LastGood
+
+pytestmark = pytest.mark.unit
+
+
+def scaled(replicas: int) -> MooncakeServing:
+    return api.parse_resource(
+        {
+            "apiVersion": api.API_VERSION,
+            "kind": api.KIND,
+            "metadata": {"name": "demo", "namespace": "ns", "generation": 3},
+            "spec": {
+                "model": {"name": "tiny", "revision": "r1"},
+                "engine": {"image": "registry.invalid/vllm-mooncake:2", "blockSize": 32},
+                "replicas": replicas,
+                "store": {"globalSegmentSize": "1GB", "localBufferSize": "512MB"},
+            },
+        }
+    )
+
+
+TWO, THREE = scaled(2), scaled(3)
+AT_TWO, AT_THREE = render.spec_hash(TWO.spec), render.spec_hash(THREE.spec)
+# The two replicas serve, proven by run-1 at the two-replica revision; replica 2 is the scale-up's.
+P0, P1, P2 = pod(0, traffic="on"), pod(1, traffic="on"), pod(2)
+
+
+def decide(fresh: CanaryRun | None) -> Plan:
+    current = stored(P0, P1, canary=run("Passed", P0, P1, revision=AT_TWO, run_id="run-1"), last_good=AT_TWO)
+    replicas = ReplicaState(3, 3, True, "3/3 ready", (P0, P1, P2))
+    inputs = Inputs(
+        resource=THREE,
+        current=current,
+        choice=plan.choose_revision(THREE, current, LastGood(AT_TWO, TWO.spec)),
+        observation=Observation(MasterState(True, "master ready", MASTER), replicas),
+        last_good=LastGood(AT_TWO, TWO.spec),
+        now=NOW,
+        timing=TIMING,
+        fresh=fresh,
+    )
+    return plan.plan(inputs)
+
+
+def test_a_new_replica_waits_for_a_canary_and_the_proven_ones_keep_serving() -> None:
+    before = decide(fresh=None)
+    assert before.run_canary is not None, "scaling up must order a canary that covers the new replica"
+    assert before.status.phase == "Canary"
+    assert P2.name not in before.traffic_labels  # it started off and stays off
+    serving = (
+        {entry.name for entry in before.status.traffic.pods if entry.serving}
+        if before.status.traffic
+        else set()
+    )
+    assert serving == {P0.name, P1.name}
+    assert before.status.selector == "app.kubernetes.io/component=engine,app.kubernetes.io/instance=demo"
+
+
+def test_the_canary_covering_the_new_replica_puts_it_in_traffic() -> None:
+    after = decide(fresh=CanaryRun(run("Passed", P0, P1, P2, revision=AT_THREE, run_id="run-2")))
+    assert after.traffic_labels == {P2.name: render.TRAFFIC_ON}
+    assert after.status.phase == "Ready"
+    assert after.status.traffic is not None and after.status.traffic.serving == 3
