@@ -158,3 +158,35 @@ def test_the_link_check_finds_a_broken_file_and_a_broken_anchor(tmp_path: Path) 
         "[self](#here) `[in code](nowhere.md)`\n\n## Here\n\n```\n[fenced](nowhere.md)\n```\n"
     )
     assert broken_links(page) == ["missing.md (no such file)", "other.md#nope (no heading with that anchor)"]
+
+
+# --- the install path says one thing everywhere --------------------------------------------------------
+
+INSTALL_PATH = [
+    REPO_ROOT / "README.md",
+    REPO_ROOT / "docs" / "install.md",
+    REPO_ROOT / "charts" / "mooncake-operator" / "templates" / "NOTES.txt",
+]
+
+
+def test_the_install_path_waits_as_long_everywhere() -> None:
+    timeouts = {
+        path.name: re.findall(r"kubectl wait --for=condition=Ready \S+ --timeout=(\S+)", path.read_text())
+        for path in INSTALL_PATH
+    }
+    assert all(len(found) == 1 for found in timeouts.values()), timeouts
+    assert len({found[0] for found in timeouts.values()}) == 1, f"different waits: {timeouts}"
+
+
+def test_the_operator_image_has_one_name() -> None:
+    """$REGISTRY/operator, as the chart's default repository and scripts/build-images name it."""
+    values = (REPO_ROOT / "charts" / "mooncake-operator" / "values.yaml").read_text()
+    repository = re.search(r"^image:\n  repository: (\S+)$", values, flags=re.MULTILINE)
+    assert repository and repository.group(1).endswith("/operator"), "the chart's default image moved"
+    assert '"$REPO/operator:' in (REPO_ROOT / "scripts" / "build-images").read_text()
+    for path in [*INSTALL_PATH, REPO_ROOT / "images" / "operator" / "Dockerfile"]:
+        text = path.read_text()
+        named = set(re.findall(r"\$?REGISTRY/([\w.-]+)", text))
+        assert named <= {"operator", "vllm-mooncake"}, f"{path.name} names images {named}"
+        if "docker build -f images/operator/Dockerfile" in text:
+            assert "-t $REGISTRY/operator:" in text, f"{path.name} names the operator image otherwise"
