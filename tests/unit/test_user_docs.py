@@ -190,3 +190,44 @@ def test_the_operator_image_has_one_name() -> None:
         assert named <= {"operator", "vllm-mooncake"}, f"{path.name} names images {named}"
         if "docker build -f images/operator/Dockerfile" in text:
             assert "-t $REGISTRY/operator:" in text, f"{path.name} names the operator image otherwise"
+
+
+# --- user docs, not lab notes ----------------------------------------------------------------------------
+
+USER_DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+# Dates of runs, run names, "these machines", open observations (as the repository's before-stop hook
+# looks for them), and the customer as the docs' subject: they belong in bench/RESULTS.md or docs/design.
+LAB_NOTE = re.compile(
+    r"measured on [0-9]+ [A-Z][a-z]+|run B[0-9]|[Oo]pen observation|these machines|[0-9]{1,2} December"
+    r"|20[0-9]{2}-[01][0-9]-[0-3][0-9]|the customer's",
+    flags=re.IGNORECASE,
+)
+
+
+def lab_notes(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if LAB_NOTE.search(line)]
+
+
+@pytest.mark.parametrize("path", USER_DOCS, ids=lambda path: str(path.relative_to(REPO_ROOT)))
+def test_user_docs_carry_no_lab_notes(path: Path) -> None:
+    found = lab_notes(path.read_text(encoding="utf-8"))
+    assert not found, f"{path.name}: move to bench/RESULTS.md or docs/design: {found}"
+
+
+def test_the_lab_note_check_finds_a_dated_run() -> None:
+    assert lab_notes("fine\nmeasured on 1 December in run B5\nThe customer's request\n") == [
+        "measured on 1 December in run B5",
+        "The customer's request",
+    ]
+
+
+def test_the_design_notes_are_linked_once_from_the_readmes_contributing_section() -> None:
+    design_link = re.compile(r"\]\([^)]*design/")
+    linking = {
+        path.name: len(found)
+        for path in USER_DOCS
+        if (found := design_link.findall(path.read_text(encoding="utf-8")))
+    }
+    assert linking == {"README.md": 1}, linking
+    contributing = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split("\n## Contributing\n", 1)
+    assert len(contributing) == 2 and design_link.search(contributing[1]), "linked outside ## Contributing"
