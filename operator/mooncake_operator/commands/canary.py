@@ -136,7 +136,8 @@ def register(subparsers: Any) -> None:
         "--resource",
         metavar="[NAMESPACE/]NAME",
         help="prove a MooncakeServing's serving replicas as the operator does: the resource says what "
-        "to prove (read from the API; default namespace: the kubeconfig's, else default)",
+        "to prove (read from the API; namespace: -n, else the kubeconfig context's, in a pod the pod's, "
+        "else default)",
     )
     parser.add_argument(
         "--kubeconfig",
@@ -151,7 +152,8 @@ def register(subparsers: Any) -> None:
         "-n",
         "--namespace",
         metavar="NAMESPACE",
-        help="with --resource NAME: its namespace (default: the kubeconfig context's, else default)",
+        help="with --resource NAME: its namespace (default: the kubeconfig context's, in a pod the pod's, "
+        "else default)",
     )
     parser.add_argument(
         "--request",
@@ -168,7 +170,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--pairs",
         choices=("ring", "first"),
-        help="ring: every replica writes for the next (default); first: replica 1 -> replica 2 only",
+        help="ring: every replica writes for the next (default); first: one pair only, the first --replica "
+        "writes and the second reads",
     )
     parser.add_argument(
         "--timeout",
