@@ -1662,7 +1662,10 @@ class CanaryTarget(ApiModel):
 
     revision: str = Field(description="Digest of the spec the replicas were rendered from.")
     generation: int | None = Field(default=None, ge=0)
-    replica_pods: list[str] = Field(default_factory=list, description="name=uid of each replica pod.")
+    replica_pods: list[str] = Field(
+        default_factory=list,
+        description="name=uid of each replica pod, then #N once its containers restarted N times.",
+    )
     master_pod: str | None = Field(default=None, description="UID of the master pod.")
     master_restarts: int = Field(default=0, ge=0, description="Container restarts of the master pod.")
     rerun: str | None = Field(default=None, description="Value of the rerun-canary annotation.")
@@ -1694,6 +1697,12 @@ class PodTraffic(ApiModel):
     reason: str = ""
     proven_by: str | None = Field(
         default=None, description="Run id of the canary that proved this pod at its revision."
+    )
+    restarts: int | None = Field(
+        default=None,
+        ge=0,
+        description="The pod's container restart count when this entry was written: a higher count (the "
+        "engine restarted in place) takes the pod out of traffic until a canary proves the new process.",
     )
 
 

@@ -9,7 +9,6 @@ fails with the command that provides it. Needs root.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,16 +26,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def node_cluster() -> Iterator[kube_node.Images]:
-    if os.geteuid() != 0:
-        pytest.fail("the node tier starts containerd and a kubelet: run it as root (scripts/test)")
-    images = kube_node.read_images()  # fails with `run scripts/build-images`
-    kube_node.kube_binaries()
-    kube_node.helm_binary()
-    log = lambda line: print(f"cluster: {line}", flush=True)  # noqa: E731
-    try:
-        kube_node.up(log)
-        cluster.install_models()
-        cluster.install_operator(images.operator)
+    with cluster.node_with_operator() as images:
         yield images
-    finally:
-        kube_node.down(log)

@@ -21,7 +21,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,25 @@ def wait_for_verdict(name: str, timeout: float) -> str:
         check_operator_running()
         time.sleep(3)
     raise ClusterError(f"{name} neither Ready nor CanaryFailed after {timeout:.0f} s (last: {last})")
+
+
+@contextmanager
+def node_with_operator() -> Iterator[kube_node.Images]:
+    """The node tier's and the fault tier's session: the node up, the models bound, the chart installed
+    with the operator image built here; everything stopped afterwards."""
+    if os.geteuid() != 0:
+        raise ClusterError("the node and fault tiers start containerd and a kubelet: run them as root")
+    images = kube_node.read_images()  # fails with `run scripts/build-images`
+    kube_node.kube_binaries()
+    kube_node.helm_binary()
+    session_log = lambda line: print(f"cluster: {line}", flush=True)  # noqa: E731
+    try:
+        kube_node.up(session_log)
+        install_models()
+        install_operator(images.operator)
+        yield images
+    finally:
+        kube_node.down(session_log)
 
 
 def cmd_up(engine: str, timeout: float) -> int:

@@ -460,7 +460,8 @@ class Images:
 
 
 def read_images() -> Images:
-    path = cache_root() / "cluster" / "images.env"
+    # scripts/build-images writes them here (or where MOONCAKE_CLUSTER_IMAGES says).
+    path = Path(os.environ.get("MOONCAKE_CLUSTER_IMAGES") or cache_root() / "cluster" / "images.env")
     if not path.exists():
         raise ClusterError(f"{path} missing: run scripts/build-images")
     values = dict(line.split("=", 1) for line in path.read_text().split())

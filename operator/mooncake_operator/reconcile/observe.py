@@ -31,7 +31,9 @@ class PodInfo:
 
     @property
     def identity(self) -> str:
-        return f"{self.name}={self.uid}"
+        """What a canary's proof covers: the pod instance and, once restarted, its engine process (an
+        engine restarted in place is a new process under the same UID)."""
+        return f"{self.name}={self.uid}" + (f"#{self.restarts}" if self.restarts else "")
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ def previous_traffic(current: MooncakeServingStatus) -> dict[str, PodTraffic]:
         return {}
     entries = {}
     for identity in canary.target.replica_pods:
-        name, _, uid = identity.partition("=")
+        name, _, uid = identity.split("#")[0].partition("=")
         if name not in current.out_of_traffic:
             reason = f"proven by canary run {canary.run_id}"
             entries[uid] = PodTraffic(
@@ -262,9 +262,11 @@ def pod_traffic(
             serving=serving,
             reason=reason,
             proven_by=proven_by,
+            restarts=pod.restarts,
         )
 
     revision = pod.revision or "unknown"
+    previous = unproven_if_restarted(pod, previous)
     if not enabled:
         return entry(True, "canary disabled (spec.canary.enabled: false): serves once Ready")
     if pod.name in held:
@@ -274,11 +276,30 @@ def pod_traffic(
         if run.verdict == "Passed":
             return entry(True, f"proven by canary run {run.run_id} at revision {revision}", run.run_id)
         if previous is not None and previous.serving:
-            return previous.model_copy(update={"revision": pod.revision})
+            return previous.model_copy(update={"revision": pod.revision, "restarts": pod.restarts})
         return entry(False, f"not proven: canary run {run.run_id} at revision {revision} was {run.verdict}")
     if previous is not None:
-        return previous.model_copy(update={"name": pod.name, "revision": pod.revision})
+        return previous.model_copy(
+            update={"name": pod.name, "revision": pod.revision, "restarts": pod.restarts}
+        )
     return entry(False, f"new pod at revision {revision}: waits for a canary to prove it")
+
+
+def unproven_if_restarted(pod: PodInfo, previous: PodTraffic | None) -> PodTraffic | None:
+    """A pod whose containers restarted since `previous` was written runs a new engine process under the
+    same UID, which no canary proved: out of traffic until one does (its identity, and so the canary's
+    target, changed with the restart count). Entries written without a restart count are kept as they are."""
+    if previous is None or previous.restarts is None or pod.restarts <= previous.restarts:
+        return previous
+    return previous.model_copy(
+        update={
+            "serving": False,
+            "proven_by": None,
+            "restarts": pod.restarts,
+            "reason": f"engine restarted in place (restarts {previous.restarts} -> {pod.restarts}): "
+            "waits for a canary to prove it",
+        }
+    )
 
 
 def other_set_traffic(
@@ -288,12 +309,22 @@ def other_set_traffic(
     rollout), out once the client Service switched to `switched_to`."""
 
     def out(reason: str) -> PodTraffic:
-        return PodTraffic(name=pod.name, uid=pod.uid, revision=pod.revision, serving=False, reason=reason)
+        return PodTraffic(
+            name=pod.name,
+            uid=pod.uid,
+            revision=pod.revision,
+            serving=False,
+            reason=reason,
+            restarts=pod.restarts,
+        )
 
     if switched_to is not None:
         return out(f"replaced by replica set {switched_to} (BlueGreen switch); its set is removed")
+    previous = unproven_if_restarted(pod, previous)
     if previous is not None:
-        return previous.model_copy(update={"name": pod.name, "revision": pod.revision})
+        return previous.model_copy(
+            update={"name": pod.name, "revision": pod.revision, "restarts": pod.restarts}
+        )
     if serving_set is not None and in_set(pod.name, serving_set):
         # Replaced during a BlueGreen rollout: no canary runs on the serving set until the rollout ends.
         return out(f"new pod of serving set {serving_set} during a BlueGreen rollout: not proven")

@@ -153,8 +153,13 @@ def canary_due(
     if before.generation != target.generation:
         return f"generation {target.generation} (last canary: {before.generation})"
     if before.replica_pods != target.replica_pods:
-        replaced = sorted(set(target.replica_pods) - set(before.replica_pods))
-        return f"replica pods replaced: {', '.join(item.split('=')[0] for item in replaced) or 'scaled'}"
+        changed = sorted(set(target.replica_pods) - set(before.replica_pods))
+        before_uids = {item.split("#")[0] for item in before.replica_pods}
+        replaced = [item.split("=")[0] for item in changed if item.split("#")[0] not in before_uids]
+        restarted = [item.split("=")[0] for item in changed if item.split("#")[0] in before_uids]
+        parts = [f"replica pods replaced: {', '.join(replaced)}"] if replaced else []
+        parts += [f"replica engines restarted in place: {', '.join(restarted)}"] if restarted else []
+        return "; ".join(parts) or "replica pods replaced: scaled"
     if before.master_leader != target.master_leader:
         return f"the store master failed over (leader {before.master_leader} -> {target.master_leader})"
     if before.master_pod != target.master_pod or target.master_restarts > before.master_restarts:

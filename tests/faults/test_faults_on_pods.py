@@ -1,0 +1,306 @@
+"""Faults on the real pods while a steady client load runs through the client Service.
+
+Each scenario starts from the resource Ready, runs `ClientLoad` and `ServedLedger`
+(tests/support/fault_load.py), injects one fault, waits for the end state, and asserts: no user
+request reached a pod instance before a canary covering it passed (measured from the pods' own vLLM
+counters minus the canary's requests), every answer users got was the same correct (greedy) text, and
+requests sent after recovery all succeeded. Each prints one `FAULT-RESULT` JSON line with its
+measurements (bench/RESULTS.md, "Faults on real pods"); `FAULT_RESULTS=FILE` appends them to FILE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tests.support import cluster, kube_node
+from tests.support.fault_load import (
+    ClientLoad,
+    ServedLedger,
+    failure_window,
+    operator_counters,
+    parse_time,
+    replica_pods,
+    wait_until,
+)
+from tests.support.kube_node import kubectl
+
+from mooncake_operator import api
+
+BASELINE_S = 12.0  # load before the fault: the reference answer, and a serving baseline
+TAIL_S = 8.0  # load after recovery: every request in it must succeed
+RECOVERY_TIMEOUT = 600.0
+SETTLE_S = 3.0  # kube-proxy's rules follow the Endpoints within this (requests started later must succeed)
+API_REQUESTS = "mooncake_operator_kube_requests_total"
+CANARY_RUNS = "mooncake_operator_canary_runs_total"
+OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
+
+
+def status_of(name: str) -> dict[str, Any]:
+    status: dict[str, Any] = cluster.get_serving(name).get("status") or {}
+    return status
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def proven_again_after(name: str, moment: float) -> Callable[[], bool]:
+    """Ready, with a canary that started after `moment` (wall clock) and passed with an external hit,
+    and every desired replica serving."""
+
+    def probe() -> bool:
+        status = status_of(name)
+        canary = status.get("canary") or {}
+        started = parse_time(canary.get("startedAt"))
+        return (
+            condition(status, "Ready").get("status") == "True"
+            and canary.get("verdict") == "Passed"
+            and started is not None
+            and started.timestamp() >= int(moment)
+            and (canary.get("externalHitTokens") or 0) > 0
+            and (status.get("traffic") or {}).get("serving") == (status.get("replicas") or {}).get("desired")
+        )
+
+    return probe
+
+
+def client_url(name: str) -> str:
+    service = json.loads(kubectl(["get", "service", name, "--namespace=default", "-o", "json"]))
+    return f"http://{service['spec']['clusterIP']}:8000/v1/chat/completions"
+
+
+def served_model() -> str:
+    model: str = cluster.example_resource("-")["spec"]["model"]["name"]
+    return model
+
+
+def run_scenario(
+    scenario: str,
+    name: str,
+    inject: Callable[[], None],
+    recovered: Callable[[float], Callable[[], bool]],
+    *,
+    on_poll: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Load, fault, wait for `recovered(fault_wall_time)`, more load; returns the measurements after
+    asserting what every scenario must hold."""
+    assert condition(status_of(name), "Ready").get("status") == "True", f"{name} not Ready before {scenario}"
+    api_before = operator_counters(API_REQUESTS)
+    canaries_before = operator_counters(CANARY_RUNS)
+    with ServedLedger(name) as ledger, ClientLoad(client_url(name), served_model()) as load:
+        time.sleep(BASELINE_S)
+        baseline = [r for r in load.snapshot() if r.status == 200]
+        assert baseline, f"no request succeeded before the fault: {load.snapshot()}"
+        fault_wall, fault_at = time.time(), time.monotonic()
+        inject()
+        probe = recovered(fault_wall)
+
+        def polled() -> bool:
+            if on_poll is not None:
+                on_poll()
+            return probe()
+
+        wait_until(f"{name} proven again after {scenario}", polled, RECOVERY_TIMEOUT)
+        ready_at = time.monotonic()
+        api_during = operator_counters(API_REQUESTS)
+        canaries_during = operator_counters(CANARY_RUNS)
+        time.sleep(TAIL_S)
+    responses = load.snapshot()
+    reference = {r.body_hash for r in baseline}
+    assert len(reference) == 1, f"greedy answers differed before the fault: {reference}"
+    wrong = [r for r in responses if r.status == 200 and r.body_hash not in reference]
+    failed, failed_for = failure_window(responses)
+    late_failures = [r for r in responses if r.started > ready_at + SETTLE_S and r.status != 200]
+    unproven = ledger.unproven_user_requests(born_after=fault_wall - 1)
+    result = {
+        "scenario": scenario,
+        "ready_again_s": round(ready_at - fault_at, 1),
+        "requests": len(responses),
+        "failed": failed,
+        "failed_window_s": round(failed_for, 1),
+        "failed_statuses": sorted({str(r.status) for r in responses if r.status != 200}),
+        "wrong_answers": len(wrong),
+        "unproven_user_requests": unproven,
+        "canaries_run": canaries_during - canaries_before,
+        "operator_api_requests": api_during - api_before,
+        "p50_latency_s": median([r.latency_s for r in responses if r.status == 200]),
+        "ledger_errors": len(ledger.errors),
+    }
+    report(result)
+    assert not wrong, f"{len(wrong)} answers differ from the reference answer: {wrong[:3]}"
+    assert not any(unproven.values()), f"user requests reached an unproven pod: {unproven}"
+    assert not late_failures, f"requests failed after recovery: {late_failures[:5]}"
+    return result
+
+
+def median(values: list[float]) -> float | None:
+    return round(sorted(values)[len(values) // 2], 3) if values else None
+
+
+def report(result: dict[str, Any]) -> None:
+    line = json.dumps(result, sort_keys=True)
+    print(f"FAULT-RESULT {line}", flush=True)
+    target = os.environ.get("FAULT_RESULTS")
+    if target:
+        with open(target, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+
+
+def new_instances(result: dict[str, Any]) -> list[str]:
+    return list(result["unproven_user_requests"])
+
+
+# --- 1. a replica pod deleted ---------------------------------------------------------------------
+
+
+def test_deleted_replica_pod_serves_no_user_until_proven(serving: str) -> None:
+    victim = replica_pods(serving)[0]["metadata"]
+
+    def inject() -> None:
+        kubectl(["delete", "pod", victim["name"], "--namespace=default", "--wait=false"])
+
+    result = run_scenario("replica pod deleted", serving, inject, lambda t: proven_again_after(serving, t))
+    replacement = [i for i in new_instances(result) if i.startswith(victim["name"] + " ")]
+    assert replacement, f"the ledger never saw {victim['name']}'s replacement: {result}"
+    assert not any(i.split()[1] == victim["uid"][:8] for i in replacement)
+
+
+# --- 2. the engine process killed, the container restarts in place -------------------------------
+
+
+def test_killed_engine_restarts_in_place_and_serves_no_user_until_proven(serving: str) -> None:
+    pod = replica_pods(serving)[-1]
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    restarts_before = sum(int(s.get("restartCount") or 0) for s in pod["status"]["containerStatuses"])
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+
+    def inject() -> None:
+        subprocess.run(kube_node.ctr("task", "kill", "--signal", "SIGKILL", container_id), check=True)
+
+    result = run_scenario("engine process killed", serving, inject, lambda t: proven_again_after(serving, t))
+    (after,) = [p for p in replica_pods(serving) if p["metadata"]["name"] == name]
+    assert after["metadata"]["uid"] == uid, "the pod was replaced, not restarted in place"
+    assert (
+        sum(int(s.get("restartCount") or 0) for s in after["status"]["containerStatuses"]) > restarts_before
+    )
+    restarted = [i for i in new_instances(result) if i.startswith(f"{name} {uid[:8]} ")]
+    assert restarted, f"the ledger never saw {name}'s restarted engine: {result}"
+
+
+# --- 4. the operator pod killed during a canary --------------------------------------------------
+
+
+def lease_holder() -> str | None:
+    lease = json.loads(
+        kubectl(
+            ["get", "lease", "mooncake-operator", f"--namespace={cluster.OPERATOR_NAMESPACE}", "-o", "json"]
+        )
+    )
+    holder: str | None = lease["spec"].get("holderIdentity")
+    return holder
+
+
+def operator_pod_names() -> list[str]:
+    listing = json.loads(
+        kubectl(
+            [
+                "get",
+                "pods",
+                f"--namespace={cluster.OPERATOR_NAMESPACE}",
+                f"--selector={OPERATOR_PODS}",
+                "-o",
+                "json",
+            ]
+        )
+    )
+    return [p["metadata"]["name"] for p in listing["items"]]
+
+
+def kept_records(name: str) -> dict[str, Any]:
+    status = status_of(name)
+    config_map = json.loads(
+        kubectl(["get", "configmap", f"{name}-last-good", "--namespace=default", "-o", "json"])
+    )
+    return {
+        "lastGoodRevision": status.get("lastGoodRevision"),
+        "outOfTraffic": status.get("outOfTraffic") or [],
+        "lastGood": config_map.get("data"),
+    }
+
+
+def test_operator_killed_during_a_canary_loses_nothing(serving: str) -> None:
+    (old_pod,) = operator_pod_names()
+    kept = kept_records(serving)
+    rerun = str(int(time.time()))
+    samples: list[dict[str, Any]] = []
+
+    def inject() -> None:
+        kubectl(
+            [
+                "annotate",
+                "mcs",
+                serving,
+                "--namespace=default",
+                f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
+                "--overwrite",
+            ]
+        )
+        wait_until(
+            "the canary runs",
+            lambda: condition(status_of(serving), "CanaryPassed").get("reason") == "CanaryRunning",
+            120,
+            period=0.5,
+        )
+        kubectl(["delete", "pod", old_pod, f"--namespace={cluster.OPERATOR_NAMESPACE}", "--wait=false"])
+
+    def sample() -> None:
+        status = status_of(serving)
+        samples.append(
+            {
+                "holder": lease_holder(),
+                "pods": operator_pod_names(),
+                "serving": (status.get("traffic") or {}).get("serving"),
+            }
+        )
+
+    def recovered(moment: float) -> Callable[[], bool]:
+        proven = proven_again_after(serving, moment)
+
+        def probe() -> bool:
+            canary = status_of(serving).get("canary") or {}
+            return proven() and (canary.get("target") or {}).get("rerun") == rerun
+
+        return probe
+
+    result = run_scenario("operator pod killed during a canary", serving, inject, recovered, on_poll=sample)
+    holders = [s["holder"] for s in samples if s["holder"] not in (None, old_pod)]
+    assert holders, f"no new operator took the Lease: {samples}"
+    first_new = next(s for s in samples if s["holder"] not in (None, old_pod))
+    # The old process was gone when the new one held the Lease: two canaries never overlapped.
+    assert old_pod not in first_new["pods"], samples
+    assert result["failed"] == 0, f"users saw failures while only the operator restarted: {result}"
+    assert all(s["serving"] == 2 for s in samples), f"a proven pod left traffic: {samples}"
+    assert kept_records(serving) == kept, "status, the last-good record or the out-of-traffic list changed"
+
+
+# --- 3. the master pod deleted --------------------------------------------------------------------
+
+
+def test_deleted_master_pod_ends_ready_with_a_proven_hit(serving: str) -> None:
+    selector = f"app.kubernetes.io/instance={serving},app.kubernetes.io/component=store-master"
+    (master,) = json.loads(
+        kubectl(["get", "pods", "--namespace=default", f"--selector={selector}", "-o", "json"])
+    )["items"]
+
+    def inject() -> None:
+        kubectl(["delete", "pod", master["metadata"]["name"], "--namespace=default", "--wait=false"])
+
+    result = run_scenario("master pod deleted", serving, inject, lambda t: proven_again_after(serving, t))
+    status = status_of(serving)
+    assert status["canary"]["target"]["masterPod"] != master["metadata"]["uid"]
+    assert result["canaries_run"] >= 1

@@ -1,0 +1,320 @@
+"""The fault tier's steady client load, and who served it.
+
+`ClientLoad` sends bounded chat requests at a fixed rate to the client Service from inside the
+cluster's network namespace and records every response (start time, status, latency, a hash of the
+answer's text). `ServedLedger` samples, about once a second, every replica pod's own vLLM request
+counter (`vllm:request_success_total`), the pod's container restart count and the resource's canary
+status; from those it computes, per pod instance (pod UID and restart count: a restarted engine starts
+its counters at zero), how many requests the instance served before a canary that covers it passed,
+minus the requests the canary itself sent it (one cold per pair it wrote, one warm per pair it read):
+the user requests that reached an unproven pod. Measured, not assumed from the labels.
+
+Ordering makes the measurement safe: each sample reads the counters first and the status after, so a
+sample the status calls unproven was taken before the proof, whatever happened in between.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+from tests.support import cluster
+from tests.support.kube_node import kubectl
+
+from mooncake_operator.canary import customer_request
+
+MAX_TOKENS = 8
+REQUEST_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Response:
+    started: float  # time.monotonic()
+    status: int | str  # HTTP status, or the transport error's class name
+    latency_s: float
+    body_hash: str | None  # of the answer's text (greedy: equal answers hash equal)
+
+
+def load_request(model: str) -> dict[str, Any]:
+    """The customer's chat request, short and greedy (so every correct answer is the same text)."""
+    return {**customer_request(), "model": model, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+
+
+def answer_hash(body: dict[str, Any]) -> str:
+    texts = [choice["message"]["content"] or "" for choice in body["choices"]]
+    return hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]
+
+
+class ClientLoad:
+    """Chat requests at `rate_per_s` to `url`, each on its own thread (at most `max_in_flight`; a tick
+    with that many in flight is recorded as a failure, "overloaded", never silently skipped)."""
+
+    def __init__(self, url: str, model: str, *, rate_per_s: float = 1.0, max_in_flight: int = 8) -> None:
+        self.url = url
+        self.body = load_request(model)
+        self.period = 1.0 / rate_per_s
+        self.max_in_flight = max_in_flight
+        self.responses: list[Response] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._in_flight = 0
+        self._pool = ThreadPoolExecutor(max_workers=max_in_flight)
+        self._thread = threading.Thread(target=self._run, name="client-load", daemon=True)
+        self._client = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+
+    def __enter__(self) -> ClientLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        self._client.close()
+
+    def _run(self) -> None:
+        tick = time.monotonic()
+        while not self._stop.is_set():
+            with self._lock:
+                full = self._in_flight >= self.max_in_flight
+                if not full:
+                    self._in_flight += 1
+            if full:
+                self._record(Response(time.monotonic(), "overloaded", 0.0, None))
+            else:
+                self._pool.submit(self._one)
+            tick += self.period
+            self._stop.wait(max(0.0, tick - time.monotonic()))
+
+    def _one(self) -> None:
+        started = time.monotonic()
+        try:
+            response = self._client.post(self.url, json=self.body)
+            status: int | str = response.status_code
+            digest = answer_hash(response.json()) if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            status, digest = type(error).__name__, None
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+        self._record(Response(started, status, time.monotonic() - started, digest))
+
+    def _record(self, response: Response) -> None:
+        with self._lock:
+            self.responses.append(response)
+
+    def snapshot(self) -> list[Response]:
+        with self._lock:
+            return sorted(self.responses, key=lambda r: r.started)
+
+
+@dataclass
+class Instance:
+    """One engine process of one replica pod: its counter while unproven, and the canary's requests."""
+
+    pod: str
+    uid: str
+    restarts: int
+    started_at: datetime | None
+    unproven_max: float = 0.0
+    last_count: float = 0.0
+    proven_by: str | None = None
+
+
+@dataclass
+class LedgerReport:
+    instances: list[Instance]
+    canary_requests: dict[tuple[str, str, int], int]
+    runs: dict[str, dict[str, Any]]
+    unproven_user_requests: dict[str, float] = field(default_factory=dict)
+
+
+def success_count(pod_ip: str) -> float:
+    text = httpx.get(f"http://{pod_ip}:8000/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total{")
+    )
+
+
+def parse_time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+
+
+def replica_pods(name: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=engine"
+    items: list[dict[str, Any]] = json.loads(
+        kubectl(["get", "pods", "--namespace=default", f"--selector={selector}", "-o", "json"])
+    )["items"]
+    return items
+
+
+def engine_state(pod: dict[str, Any]) -> tuple[int, datetime | None]:
+    """The pod's restart count and when its running engine container started."""
+    statuses = pod["status"].get("containerStatuses") or []
+    restarts = sum(int(s.get("restartCount") or 0) for s in statuses)
+    started = [parse_time(((s.get("state") or {}).get("running") or {}).get("startedAt")) for s in statuses]
+    return restarts, next((s for s in started if s is not None), None)
+
+
+def covers(run: dict[str, Any], instance: Instance) -> bool:
+    """A passed canary run that started after the instance's engine and proved its pod both ways."""
+    if run.get("verdict") != "Passed" or instance.started_at is None:
+        return False
+    started = parse_time(run.get("startedAt"))
+    pairs = run.get("pairs") or []
+    wrote = any(p.get("writer") == instance.pod for p in pairs)
+    read = any(p.get("reader") == instance.pod for p in pairs)
+    return started is not None and started >= instance.started_at and wrote and read
+
+
+class ServedLedger:
+    """Samples the replicas' counters and the canary status on a thread until closed."""
+
+    def __init__(self, name: str, *, period_s: float = 1.0) -> None:
+        self.name = name
+        self.period = period_s
+        self.instances: dict[tuple[str, str, int], Instance] = {}
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="served-ledger", daemon=True)
+
+    def __enter__(self) -> ServedLedger:
+        self.sample()  # the first sample before the fault, synchronously
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.sample()
+            except Exception as error:  # a pod between IPs, the API server busy: the next sample counts
+                self.errors.append(repr(error))
+
+    def sample(self) -> None:
+        counts: list[tuple[tuple[str, str, int], float, datetime | None]] = []
+        for pod in replica_pods(self.name):
+            ip = pod["status"].get("podIP")
+            restarts, started = engine_state(pod)
+            key = (pod["metadata"]["name"], pod["metadata"]["uid"], restarts)
+            if not ip or started is None:
+                continue
+            try:
+                counts.append((key, success_count(ip), started))
+            except httpx.HTTPError:
+                continue  # the engine is not serving metrics (starting, or just killed)
+        # The status after the counters: a run it does not show yet had not covered these samples.
+        canary = (cluster.get_serving(self.name).get("status") or {}).get("canary") or {}
+        if canary.get("runId") and canary.get("finishedAt"):
+            self.runs[canary["runId"]] = canary
+        for key, count, started in counts:
+            instance = self.instances.get(key)
+            if instance is None:
+                instance = Instance(pod=key[0], uid=key[1], restarts=key[2], started_at=started)
+                self.instances[key] = instance
+            instance.last_count = count
+            if instance.proven_by is None:
+                proof = next((run for run in self.runs.values() if covers(run, instance)), None)
+                if proof is None:
+                    instance.unproven_max = max(instance.unproven_max, count)
+                else:
+                    instance.proven_by = proof["runId"]
+
+    def canary_requests(self, instance: Instance) -> int:
+        """The chat requests the canary sent this instance before it was proven (cold as writer,
+        warm as reader, per pair that got that far)."""
+        sent = 0
+        for run in self.runs.values():
+            started = parse_time(run.get("startedAt"))
+            if instance.started_at is None or started is None or started < instance.started_at:
+                continue
+            for pair in run.get("pairs") or []:
+                if pair.get("writer") == instance.pod and pair.get("coldLatencyMs") is not None:
+                    sent += 1
+                if pair.get("reader") == instance.pod and pair.get("warmLatencyMs") is not None:
+                    sent += 1
+        return sent
+
+    def unproven_user_requests(self, *, born_after: float | None = None) -> dict[str, float]:
+        """Per instance first seen unproven (`pod uid restarts`): its requests served while unproven
+        minus the canary's; every value must be 0. `born_after`: only instances whose engine started
+        after this wall-clock time (the ones the fault created)."""
+        result = {}
+        for instance in self.instances.values():
+            if born_after is not None and (
+                instance.started_at is None or instance.started_at.timestamp() < born_after
+            ):
+                continue
+            user = instance.unproven_max - self.canary_requests(instance)
+            result[f"{instance.pod} {instance.uid[:8]} r{instance.restarts}"] = max(user, 0.0)
+        return result
+
+
+def failure_window(responses: list[Response]) -> tuple[int, float]:
+    """(failed requests, seconds from the first failure's start to the last failure's end)."""
+    failed = [r for r in responses if r.status != 200]
+    if not failed:
+        return 0, 0.0
+    return len(failed), failed[-1].started + failed[-1].latency_s - failed[0].started
+
+
+def operator_counters(metric: str) -> float:
+    """Sum of one counter over every running operator pod (scraped on its metrics port)."""
+    pods = json.loads(
+        kubectl(
+            [
+                "get",
+                "pods",
+                f"--namespace={cluster.OPERATOR_NAMESPACE}",
+                "--selector=app.kubernetes.io/component=operator",
+                "-o",
+                "json",
+            ]
+        )
+    )["items"]
+    total = 0.0
+    for pod in pods:
+        ip = pod["status"].get("podIP")
+        ports = [
+            p["containerPort"]
+            for c in pod["spec"]["containers"]
+            for p in c.get("ports") or []
+            if p.get("name") == "metrics"
+        ]
+        if not ip or not ports:
+            continue
+        try:
+            text = httpx.get(f"http://{ip}:{ports[0]}/metrics", timeout=5).text
+        except httpx.HTTPError:
+            continue
+        total += sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(metric + "{") or line.startswith(metric + " ")
+        )
+    return total
+
+
+def wait_until(what: str, probe: Callable[[], Any], timeout: float, period: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout:.0f} s: {what}")
