@@ -50,7 +50,8 @@ def test_pod_info_reads_readiness_revision_restarts_and_traffic() -> None:
         2,
         "on",
     )
-    assert info.identity == "p=uid-p"
+    # A restarted pod runs a new engine process: its identity says so (a canary must prove it again).
+    assert info.identity == "p=uid-p#2"
 
 
 def test_the_master_is_ready_once_rolled_out_with_a_ready_pod() -> None:
