@@ -220,6 +220,13 @@ class ServedLedger:
                 continue  # the engine is not serving metrics (starting, or just killed)
         # The status after the counters: a run it does not show yet had not covered these samples.
         canary = (cluster.get_serving(self.name).get("status") or {}).get("canary") or {}
+        self.record(counts, canary)
+
+    def record(
+        self, counts: list[tuple[tuple[str, str, int], float, datetime | None]], canary: dict[str, Any]
+    ) -> None:
+        """One sample: each instance's counter `(pod, uid, restarts), count, engine start`, then the
+        canary status read after them."""
         if canary.get("runId") and canary.get("finishedAt"):
             self.runs[canary["runId"]] = canary
         for key, count, started in counts:

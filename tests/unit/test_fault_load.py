@@ -1,0 +1,84 @@
+"""The fault tier's measuring instruments (tests/support/fault_load.py): the client load against a fake
+vLLM, and the ledger's arithmetic of user requests that reached an unproven pod."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+import pytest
+from tests.support.fake_vllm import DEFAULT_MODEL, FakeCluster, Mode
+from tests.support.fault_load import ClientLoad, Instance, ServedLedger, covers, failure_window
+
+pytestmark = pytest.mark.unit
+
+STARTED = datetime(2026, 12, 2, 8, 0, 0, tzinfo=UTC)
+POD, OTHER = "demo-replica-0", "demo-replica-1"
+KEY = (POD, "uid-0", 0)
+
+
+def run(run_id: str, verdict: str, started: str, *, reader_warm: bool = True) -> dict[str, object]:
+    return {
+        "runId": run_id,
+        "verdict": verdict,
+        "startedAt": started,
+        "finishedAt": started,
+        "pairs": [
+            {"writer": POD, "reader": OTHER, "coldLatencyMs": 10.0, "warmLatencyMs": 10.0},
+            {
+                "writer": OTHER,
+                "reader": POD,
+                "coldLatencyMs": 10.0,
+                "warmLatencyMs": 10.0 if reader_warm else None,
+            },
+        ],
+    }
+
+
+def test_the_load_records_every_answer_and_the_failures_window() -> None:
+    with FakeCluster.start(1) as replicas:
+        url = replicas[0].url + "/v1/chat/completions"
+        with ClientLoad(url, DEFAULT_MODEL, rate_per_s=20) as load:
+            time.sleep(0.5)
+            replicas[0].mode = Mode.HTTP_500
+            time.sleep(0.3)
+            replicas[0].mode = Mode.CORRECT
+            time.sleep(0.3)
+    responses = load.snapshot()
+    ok = [r for r in responses if r.status == 200]
+    assert len(responses) >= 15 and len(ok) >= 10
+    assert len({r.body_hash for r in ok}) == 1, "one greedy answer, one hash"
+    failed, window = failure_window(responses)
+    assert failed == len(responses) - len(ok) > 0
+    assert 0 < window < 1.0
+
+
+def test_user_requests_to_an_unproven_instance_are_its_count_less_the_canarys() -> None:
+    ledger = ServedLedger("demo")
+    ledger.record([(KEY, 0.0, STARTED)], {})
+    # The canary's two requests to it (cold as writer, warm as reader), then one more: a user's.
+    ledger.record([(KEY, 3.0, STARTED)], {"runId": "r1", "verdict": "Running"})
+    ledger.record([(KEY, 3.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"))
+    # Proven: what it serves afterwards is users' and allowed.
+    ledger.record([(KEY, 50.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"))
+    (instance,) = ledger.instances.values()
+    assert instance.proven_by == "r1"
+    assert ledger.canary_requests(instance) == 2
+    assert ledger.unproven_user_requests() == {"demo-replica-0 uid-0 r0": 1.0}
+
+
+def test_only_the_canarys_requests_leave_nothing_and_old_instances_can_be_left_out() -> None:
+    ledger = ServedLedger("demo")
+    ledger.record([(KEY, 2.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"))
+    assert ledger.unproven_user_requests() == {"demo-replica-0 uid-0 r0": 0.0}
+    assert ledger.unproven_user_requests(born_after=STARTED.timestamp() + 1) == {}
+
+
+def test_a_run_proves_an_instance_only_when_it_passed_after_it_started_and_covered_it_both_ways() -> None:
+    instance = Instance(pod=POD, uid="uid-0", restarts=1, started_at=STARTED)
+    assert covers(run("r", "Passed", "2026-12-02T08:00:30Z"), instance)
+    assert not covers(run("r", "Passed", "2026-12-02T07:59:59Z"), instance)  # the engine before it
+    assert not covers(run("r", "Inconclusive", "2026-12-02T08:00:30Z"), instance)
+    one_way = run("r", "Passed", "2026-12-02T08:00:30Z")
+    one_way["pairs"] = one_way["pairs"][:1]  # type: ignore[index]
+    assert not covers(one_way, instance)
