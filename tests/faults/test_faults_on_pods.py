@@ -21,6 +21,7 @@ from tests.support import cluster, kube_node
 from tests.support.fault_load import (
     ClientLoad,
     ServedLedger,
+    counted_since,
     failure_window,
     operator_counters,
     parse_time,
@@ -126,8 +127,8 @@ def run_scenario(
         "failed_statuses": sorted({str(r.status) for r in responses if r.status != 200}),
         "wrong_answers": len(wrong),
         "unproven_user_requests": unproven,
-        "canaries_run": canaries_during - canaries_before,
-        "operator_api_requests": api_during - api_before,
+        "canaries_run": counted_since(canaries_before, canaries_during),
+        "operator_api_requests": counted_since(api_before, api_during),
         "p50_latency_s": median([r.latency_s for r in responses if r.status == 200]),
         "ledger_errors": len(ledger.errors),
     }

@@ -280,8 +280,8 @@ def failure_window(responses: list[Response]) -> tuple[int, float]:
     return len(failed), failed[-1].started + failed[-1].latency_s - failed[0].started
 
 
-def operator_counters(metric: str) -> float:
-    """Sum of one counter over every running operator pod (scraped on its metrics port)."""
+def operator_counters(metric: str) -> dict[str, float]:
+    """One counter of every running operator pod, by pod (scraped on its metrics port)."""
     pods = json.loads(
         kubectl(
             [
@@ -294,7 +294,7 @@ def operator_counters(metric: str) -> float:
             ]
         )
     )["items"]
-    total = 0.0
+    totals: dict[str, float] = {}
     for pod in pods:
         ip = pod["status"].get("podIP")
         ports = [
@@ -309,12 +309,18 @@ def operator_counters(metric: str) -> float:
             text = httpx.get(f"http://{ip}:{ports[0]}/metrics", timeout=5).text
         except httpx.HTTPError:
             continue
-        total += sum(
+        totals[pod["metadata"]["name"]] = sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
             if line.startswith(metric + "{") or line.startswith(metric + " ")
         )
-    return total
+    return totals
+
+
+def counted_since(before: dict[str, float], after: dict[str, float]) -> float:
+    """What the operator pods counted between two scrapes; a pod new since `before` (a restarted
+    operator) counted everything it reports."""
+    return sum(value - before.get(pod, 0.0) for pod, value in after.items())
 
 
 def wait_until(what: str, probe: Callable[[], Any], timeout: float, period: float = 2.0) -> Any:

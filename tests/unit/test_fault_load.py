@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 from tests.support.fake_vllm import DEFAULT_MODEL, FakeCluster, Mode
-from tests.support.fault_load import ClientLoad, Instance, ServedLedger, covers, failure_window
+from tests.support.fault_load import ClientLoad, Instance, ServedLedger, counted_since, covers, failure_window
 
 pytestmark = pytest.mark.unit
 
@@ -82,3 +82,8 @@ def test_a_run_proves_an_instance_only_when_it_passed_after_it_started_and_cover
     one_way = run("r", "Passed", "2026-12-02T08:00:30Z")
     one_way["pairs"] = one_way["pairs"][:1]  # type: ignore[index]
     assert not covers(one_way, instance)
+
+
+def test_a_restarted_operator_counts_everything_it_reports() -> None:
+    assert counted_since({"op-a": 100.0}, {"op-a": 130.0}) == 30.0
+    assert counted_since({"op-a": 100.0}, {"op-b": 12.0}) == 12.0
