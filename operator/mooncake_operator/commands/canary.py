@@ -49,10 +49,12 @@ JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before 
 
 --resource [NAMESPACE/]NAME reads the MooncakeServing from the API (needs `get` on
 mooncakeservings.serving.mooncake-operator.dev) and proves its serving replica set
-(status.rollout.servingSet, else NAME-replica) through its headless Service, with the operator's own
-config: request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the
-verdict is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to
-prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
+(status.rollout.servingSet, else NAME-replica) with the operator's own config: inside the cluster
+through its headless Service, outside it (a kubeconfig, not a pod's service account) through the API
+server's pods proxy, which needs `get` and `create` on pods/proxy in that namespace.
+Request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the verdict
+is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to prove
+(--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
 --compare, --top-k, --max-tie-gap, --max-drift, --suite, --no-suite) are
 refused with it; the timeouts, caps, --retries and --json apply.
 """
