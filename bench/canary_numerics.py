@@ -1,6 +1,6 @@
 """How far the canary's logprob rule is from a wrong verdict, on real engines, over many salts.
 
-    flock /tmp/heavy.lock .venv/bin/python bench/canary_numerics.py [--salts 20] [--bound 0.2]
+    flock /tmp/heavy.lock .venv/bin/python bench/canary_numerics.py [--salts 20] [--bound 0.2] [--out FILE]
 
 One sandbox (real mooncake_master, two real vLLM CPU replicas, Eagle-3 as the customer's). The default
 suite (the customer's request + the four block-boundary requests, padded with the replicas' own
@@ -17,7 +17,9 @@ suite request (a fresh salt each), judged by the canary's own rule (`canary.dive
   BOUND nats (sandbox/perturbed_model.py). Same numbers.
 - buggy + perturbed reader: the corruption must still be called corruption.
 
-Re-executes itself in a loopback-only network namespace. JSON on stdout, progress on stderr.
+Re-executes itself in a loopback-only network namespace. JSON on stdout, progress on stderr. With
+--out FILE the report so far is also written there after every salt: a run stopped early (a salt costs
+~100 s on the shared 2-core machine, so 20 salts x 4 settings take over two hours) keeps what it measured.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -137,15 +141,21 @@ class Setting:
 
 
 async def configure(sandbox: Sandbox, engine: EngineMode, perturb_nats: float | None) -> None:
-    stale = [r.index for r in sandbox.replicas if r.engine is not engine]
+    # One restart of every replica that must change (a restart waits out the store's segment drop).
+    stale = {r.index for r in sandbox.replicas if r.engine is not engine}
+    if sandbox.replicas[B].perturb_nats != perturb_nats:
+        stale.add(B)
     if stale:
-        await sandbox.restart_replicas(stale, engine=engine)
-    reader = sandbox.replicas[B]
-    if reader.perturb_nats != perturb_nats:
-        await sandbox.restart_replica(B, perturb_nats=perturb_nats)
+        await sandbox.restart_replicas(sorted(stale), engine=engine, perturb_nats={B: perturb_nats})
 
 
-async def run_setting(sandbox: Sandbox, setting: Setting, suite: list[SuiteEntry], salts: int) -> None:
+async def run_setting(
+    sandbox: Sandbox,
+    setting: Setting,
+    suite: list[SuiteEntry],
+    salts: int,
+    checkpoint: Callable[[], None],
+) -> None:
     await configure(sandbox, setting.engine, setting.perturb_nats)
     config = sandbox.canary_config(eagle=True).model_copy(update={"pairs": "first", "suite": suite})
     started = time.monotonic()
@@ -153,11 +163,12 @@ async def run_setting(sandbox: Sandbox, setting: Setting, suite: list[SuiteEntry
         result: CanaryResult = await sandbox.guard(run_canary(config))
         for pair in result.pairs:
             setting.record(pair, salt, config.comparison)
+        setting.wall_s = time.monotonic() - started
         print(f"{setting.name}: salt {salt + 1}/{salts}: {result.verdict.value}", file=sys.stderr, flush=True)
-    setting.wall_s = time.monotonic() - started
+        checkpoint()
 
 
-async def main_async(salts: int, bound: float) -> dict[str, Any]:
+async def main_async(salts: int, bound: float, out: Path | None) -> dict[str, Any]:
     prepared = await asyncio.to_thread(
         prepare, tuple(EngineMode), log=lambda line: print(line, file=sys.stderr)
     )
@@ -169,32 +180,41 @@ async def main_async(salts: int, bound: float) -> dict[str, Any]:
                 client, sandbox.replica_urls[A], config.request, block_size=sandbox.block_size
             )
         suite = [SuiteEntry(name=item.name, request=item.request, expectations=None) for item in built[1:]]
+        # The two headline numbers first (largest drift, smallest margin): a run stopped early has them.
         settings = [
             Setting("patched", EngineMode.PATCHED, None),
-            Setting("patched + perturbed reader", EngineMode.PATCHED, bound),
-            Setting("buggy + perturbed reader", EngineMode.BUGGY, bound),
             Setting("buggy", EngineMode.BUGGY, None),
+            Setting("buggy + perturbed reader", EngineMode.BUGGY, bound),
+            Setting("patched + perturbed reader", EngineMode.PATCHED, bound),
         ]
+
+        def report() -> dict[str, Any]:
+            perturbed = sandbox.perturbed_targets.get(bound)
+            return {
+                "salts": salts,
+                "comparison": config.comparison.model_dump(),
+                "block_size": sandbox.block_size,
+                "suite": [
+                    {
+                        "name": item.name,
+                        "prompt_tokens": item.prompt_tokens,
+                        "max_tokens": item.request["max_tokens"],
+                    }
+                    for item in built
+                ],
+                "suite_cost_per_pair": suite_cost(built).__dict__,
+                "perturbation": None if perturbed is None else perturbed.describe(),
+                "settings": {setting.name: setting.summary() for setting in settings},
+                "pairs": {setting.name: setting.pairs for setting in settings},
+            }
+
+        def checkpoint() -> None:
+            if out is not None:
+                out.write_text(json.dumps(report(), indent=2))
+
         for setting in settings:
-            await run_setting(sandbox, setting, suite, salts)
-        perturbed = sandbox.perturbed_targets.get(bound)
-        return {
-            "salts": salts,
-            "comparison": config.comparison.model_dump(),
-            "block_size": sandbox.block_size,
-            "suite": [
-                {
-                    "name": item.name,
-                    "prompt_tokens": item.prompt_tokens,
-                    "max_tokens": item.request["max_tokens"],
-                }
-                for item in built
-            ],
-            "suite_cost_per_pair": suite_cost(built).__dict__,
-            "perturbation": None if perturbed is None else perturbed.describe(),
-            "settings": {setting.name: setting.summary() for setting in settings},
-            "pairs": {setting.name: setting.pairs for setting in settings},
-        }
+            await run_setting(sandbox, setting, suite, salts, checkpoint)
+        return report()
 
 
 def _bound(text: str) -> float:
@@ -210,11 +230,14 @@ def main() -> int:
     )
     parser.add_argument("--salts", type=int, default=20, help="canary pairs per engine setting (default 20)")
     parser.add_argument("--bound", type=_bound, default=0.2, help="the reader's perturbation bound, nats")
+    parser.add_argument(
+        "--out", type=Path, metavar="FILE", help="also write the report so far here after every salt"
+    )
     parser.add_argument("--all-pairs", action="store_true", help="print every pair's row, not only summaries")
     args = parser.parse_args()
     if not netns.in_private_netns() and netns.namespaces_permitted():
         netns.exec_in_netns([sys.executable, *sys.argv])
-    report = asyncio.run(main_async(args.salts, args.bound))
+    report = asyncio.run(main_async(args.salts, args.bound, args.out))
     if not args.all_pairs:
         report.pop("pairs")
     print(json.dumps(report, indent=2))

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cli_startup.py [--runs 5]
 
+With PYTHONPATH=<another checkout>/operator it measures that checkout's CLI (the "before" of a change).
 Each command runs `--runs` times; the median user+system CPU seconds of the child is printed (CPU, not
 wall: the shared machines are loaded). Results go in bench/RESULTS.md by hand.
 """
@@ -26,6 +27,17 @@ CASES: dict[str, list[str]] = {
     "render --help": [*CLI, "render", "--help"],
     "crd --help": [*CLI, "crd", "--help"],
     "canary --help": [*CLI, "canary", "--help"],
+    # The --replica path up to its first request: every import it needs, then a refused connection.
+    "canary --replica (refused)": [
+        *CLI,
+        "canary",
+        "--replica",
+        "http://127.0.0.1:9",
+        "--replica",
+        "http://127.0.0.1:10",
+        "--retries",
+        "0",
+    ],
     "render -f EXAMPLE": [*CLI, "render", "-f", str(EXAMPLE)],
     "crd": [*CLI, "crd"],
 }
@@ -49,7 +61,7 @@ def main() -> None:
     for name, command in CASES.items():
         median = statistics.median(cpu_seconds(command) for _ in range(args.runs))
         floor = median if floor is None else floor
-        print(f"{name:<20} {median:6.3f} s CPU  (+{median - floor:.3f} over python -c pass)")
+        print(f"{name:<28} {median:6.3f} s CPU  (+{median - floor:.3f} over python -c pass)")
 
 
 if __name__ == "__main__":

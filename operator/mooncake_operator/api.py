@@ -31,16 +31,18 @@ from pydantic.alias_generators import to_camel
 
 from mooncake_operator.canary.expectations import Expectation
 from mooncake_operator.canary.models import (
-    DEFAULT_MAX_DRIFT_NATS,
-    DEFAULT_MAX_TIE_GAP_NATS,
-    DEFAULT_TOP_K,
-    MAX_BODY_BYTES_LIMIT,
     MAX_SUITE_REQUESTS,
-    MAX_TOP_K,
     SUITE_NAME_PATTERN,
     Mismatch,
     Verdict,
     check_chat_request,
+)
+from mooncake_operator.canary_defaults import (
+    DEFAULT_MAX_DRIFT_NATS,
+    DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_TOP_K,
+    MAX_BODY_BYTES_LIMIT,
+    MAX_TOP_K,
 )
 
 GROUP = "serving.mooncake-operator.dev"

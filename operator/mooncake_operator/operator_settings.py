@@ -19,10 +19,12 @@ import yaml
 
 from mooncake_operator import api, safe_yaml
 from mooncake_operator.canary.models import (
-    DEFAULT_MAX_METRICS_BODY_BYTES,
-    MAX_BODY_BYTES_LIMIT,
     CanaryConfig,
     normalize_base_url,
+)
+from mooncake_operator.canary_defaults import (
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+    MAX_BODY_BYTES_LIMIT,
 )
 from mooncake_operator.kube import KubeConfig
 from mooncake_operator.render import DEFAULT_OPERATOR_NAMESPACE, REPLICA_INGRESS_DEFAULTS

@@ -265,7 +265,7 @@ def test_a_crash_is_an_internal_error_not_a_failed_verdict(
     async def broken(*_: object, **__: object) -> None:
         raise RuntimeError("a defect")
 
-    monkeypatch.setattr("mooncake_operator.commands.canary.run_canary", broken)
+    monkeypatch.setattr("mooncake_operator.canary.run_canary", broken)
     assert main(["canary", "--replica", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:10"]) == 70
     err = capsys.readouterr().err
     assert "internal error" in err

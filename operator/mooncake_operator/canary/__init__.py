@@ -22,9 +22,6 @@ from mooncake_operator.canary.expectations import (
 )
 from mooncake_operator.canary.metrics import expected_external_hit_tokens, parse_samples, store_counters
 from mooncake_operator.canary.models import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_MAX_CHAT_BODY_BYTES,
-    DEFAULT_MAX_METRICS_BODY_BYTES,
     CanaryConfig,
     CanaryResult,
     ChatAnswer,
@@ -38,6 +35,11 @@ from mooncake_operator.canary.models import (
 from mooncake_operator.canary.report import render_json, render_table
 from mooncake_operator.canary.request import customer_expectations, customer_request
 from mooncake_operator.canary.runner import judge_pair, plan_pairs, run_canary
+from mooncake_operator.canary_defaults import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+)
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",

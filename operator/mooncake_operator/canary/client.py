@@ -36,14 +36,16 @@ from mooncake_operator.canary.metrics import (
     store_counters,
 )
 from mooncake_operator.canary.models import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_MAX_CHAT_BODY_BYTES,
-    DEFAULT_MAX_METRICS_BODY_BYTES,
     ChatAnswer,
     ErrorKind,
     StoreCounters,
     printable,
     redact_url,
+)
+from mooncake_operator.canary_defaults import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
 )
 
 CHAT_PATH = "/v1/chat/completions"

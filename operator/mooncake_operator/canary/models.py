@@ -13,15 +13,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mooncake_operator import exit_codes
 from mooncake_operator.canary.expectations import Expectation
 from mooncake_operator.canary.request import customer_expectations, customer_request
-
-# Caps on one response body, decoded size (documented in docs/canary.md). A chat answer of the default
-# 80 tokens is ~1 KiB; 4 MiB leaves room for long answers with reasoning. A vLLM metrics page is
-# ~100-500 KiB (histograms per engine); 16 MiB leaves room for many engines and LoRA adapters.
-DEFAULT_MAX_CHAT_BODY_BYTES = 4 * 1024 * 1024
-DEFAULT_MAX_METRICS_BODY_BYTES = 16 * 1024 * 1024
-MAX_BODY_BYTES_LIMIT = 1024 * 1024 * 1024  # what a cap may be raised to
-# A TCP connect on a LAN takes milliseconds; 5 s rides out a busy node without hiding a blackhole long.
-DEFAULT_CONNECT_TIMEOUT_S = 5.0
+from mooncake_operator.canary_defaults import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_DRIFT_NATS,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+    DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_TOP_K,
+    MAX_BODY_BYTES_LIMIT,
+    MAX_TOP_K,
+)
 
 
 class Verdict(StrEnum):
@@ -62,18 +63,6 @@ class ComparisonMode(StrEnum):
     EXACT = "exact"
     # Identical tokens pass; at the first divergence the two distributions decide benign or not.
     LOGPROBS = "logprobs"
-
-
-# The logprob rule's defaults; docs/canary.md gives their sources. vLLM serves at most 20 top logprobs
-# by default (--max-logprobs); 5 is what vLLM's own check_logprobs_close tests compare.
-DEFAULT_TOP_K = 5
-MAX_TOP_K = 20
-# The largest tie shift measured upstream between a warm and a cold computation (0.06-0.125 nat,
-# vllm #5543; LMCache's rule uses 0.1): a flip needs a gap no larger than the shift that tipped it.
-DEFAULT_MAX_TIE_GAP_NATS = 0.125
-# ~4x the largest warm-versus-cold drift measured upstream (2.6e-2 on H100, vllm #52701), for FP8 MoE
-# at TP 4, which nobody measured; a wrong trailing block moves a distribution by whole nats.
-DEFAULT_MAX_DRIFT_NATS = 0.1
 
 
 class Comparison(_Model):

@@ -7,50 +7,28 @@ import asyncio
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from pydantic import TypeAdapter, ValidationError
-
-from mooncake_operator import safe_yaml
-from mooncake_operator.api import describe_validation_error
-from mooncake_operator.canary import (
+from mooncake_operator import exit_codes
+from mooncake_operator.canary_defaults import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_CHAT_BODY_BYTES,
-    DEFAULT_MAX_METRICS_BODY_BYTES,
-    CanaryConfig,
-    CanaryResult,
-    ExitCode,
-    Expectation,
-    customer_request,
-    render_json,
-    render_table,
-    run_canary,
-)
-from mooncake_operator.canary.models import (
     DEFAULT_MAX_DRIFT_NATS,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
     DEFAULT_MAX_TIE_GAP_NATS,
     DEFAULT_TOP_K,
-    SuiteEntry,
-)
-from mooncake_operator.commands.canary_proxy import (
-    ProxyAccessError,
-    check_proxy_access,
-    proxy_client,
-    proxy_urls,
-)
-from mooncake_operator.commands.canary_resource import (
-    ResourceError,
-    ResourceRef,
-    effective_result,
-    fetch_serving,
-    parse_ref,
-    resource_canary,
 )
 from mooncake_operator.commands.verdict_parser import VerdictCommandParser
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeClient, KubeConfig, KubeConfigError
-from mooncake_operator.render import replica_pod_names
+
+# Only what `canary --help` needs is imported here (it starts in ~0.1 s of CPU); each path imports its
+# own modules when it runs: the canary and its models (pydantic, httpx) for --replica, and the API
+# models, the renderer and the API client on top for --resource.
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from mooncake_operator.canary import CanaryConfig, CanaryResult, Expectation
+    from mooncake_operator.canary.models import SuiteEntry
+    from mooncake_operator.commands.canary_resource import ResourceRef
 
 DESCRIPTION = """\
 For each ordered pair of replicas (writer, reader) the canary picks a fresh cache_salt, reads the
@@ -71,10 +49,12 @@ JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before 
 
 --resource [NAMESPACE/]NAME reads the MooncakeServing from the API (needs `get` on
 mooncakeservings.serving.mooncake-operator.dev) and proves its serving replica set
-(status.rollout.servingSet, else NAME-replica) through its headless Service, with the operator's own
-config: request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the
-verdict is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to
-prove (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
+(status.rollout.servingSet, else NAME-replica) with the operator's own config: inside the cluster
+through its headless Service, outside it (a kubeconfig, not a pod's service account) through the API
+server's pods proxy, which needs `get` and `create` on pods/proxy in that namespace.
+Request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the verdict
+is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to prove
+(--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
 --compare, --top-k, --max-tie-gap, --max-drift, --suite, --no-suite) are
 refused with it; the timeouts, caps, --retries and --json apply.
 """
@@ -107,8 +87,6 @@ expectations file (YAML or JSON), a list of checks:
   - kind: contains                 # or not_contains; case_sensitive: false by default
     text: us-west
 """
-
-_EXPECTATIONS = TypeAdapter(list[Expectation])
 
 
 class UsageError(Exception):
@@ -267,11 +245,13 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        from mooncake_operator.canary import render_json, render_table
+
         result = asyncio.run(_prove(args))
         output = render_json(result) + "\n" if args.json else render_table(result)
-    except (UsageError, ResourceError, ProxyAccessError) as error:
+    except UsageError as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
-        return ExitCode.USAGE_OR_ENVIRONMENT
+        return exit_codes.USAGE
     except Exception:
         # Exit 1 means Failed (a finding about the replicas); a defect of ours must not read as one.
         print(
@@ -279,17 +259,25 @@ def _run(args: argparse.Namespace) -> int:
             "about the replicas); please report it with this traceback:\n" + traceback.format_exc(),
             file=sys.stderr,
         )
-        return ExitCode.INTERNAL_ERROR
+        return exit_codes.INTERNAL_ERROR
     sys.stdout.write(output)
     return result.exit_code
 
 
 async def _prove(args: argparse.Namespace) -> CanaryResult:
     if args.resource is None:
+        from mooncake_operator.canary import run_canary
+
         return await run_canary(build_config(args))
     refuse_what_flags(args)
+    from mooncake_operator.commands.canary_proxy import ProxyAccessError
+    from mooncake_operator.commands.canary_resource import ResourceError
+    from mooncake_operator.kube import KubeConfigError
+
     try:
         return await _prove_resource(args)
+    except (ResourceError, ProxyAccessError) as error:
+        raise UsageError(str(error)) from None
     except KubeConfigError as error:  # also an exec plugin that fails while a request is made
         raise UsageError(str(error)) from None
     except OSError as error:  # a CA, certificate or token file that cannot be read
@@ -297,6 +285,13 @@ async def _prove(args: argparse.Namespace) -> CanaryResult:
 
 
 async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
+    from mooncake_operator.canary import CanaryConfig, run_canary
+    from mooncake_operator.commands.canary_proxy import check_proxy_access, proxy_client, proxy_urls
+    from mooncake_operator.commands.canary_resource import effective_result, fetch_serving, resource_canary
+    from mooncake_operator.crd import SERVING_KIND
+    from mooncake_operator.kube import KubeClient, KubeConfig
+    from mooncake_operator.render import replica_pod_names
+
     if args.kubeconfig is not None or args.context is not None:
         kube_config = KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
     else:
@@ -328,6 +323,8 @@ async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
 def resource_ref(text: str, namespace_flag: str | None, kube_namespace: str | None) -> ResourceRef:
     """--resource [NAMESPACE/]NAME with -n/--namespace, like kubectl: -n sets the namespace of a bare
     NAME; NAMESPACE/ and a different -n together are a usage error."""
+    from mooncake_operator.commands.canary_resource import parse_ref
+
     ref = parse_ref(text, namespace_flag or kube_namespace)
     if namespace_flag and ref.namespace != namespace_flag:
         raise UsageError(f"--resource {text!r} names namespace {ref.namespace} but -n says {namespace_flag}")
@@ -384,14 +381,22 @@ def how_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def with_how_flags(config: CanaryConfig, args: argparse.Namespace) -> CanaryConfig:
     """The resource's config with the HOW flags given."""
+    from pydantic import ValidationError
+
+    from mooncake_operator.canary import CanaryConfig
+
     try:
         return CanaryConfig(**{**dict(config), **how_options(args)})
     except ValidationError as error:
-        raise UsageError("; ".join(describe_validation_error(error))) from None
+        raise UsageError("; ".join(_problems(error))) from None
 
 
 def build_config(args: argparse.Namespace) -> CanaryConfig:
     """The CanaryConfig the arguments describe; UsageError with every problem otherwise."""
+    from pydantic import ValidationError
+
+    from mooncake_operator.canary import CanaryConfig, customer_request
+
     if args.kubeconfig is not None or args.context is not None:
         raise UsageError("--kubeconfig and --context only apply with --resource")
     if args.namespace is not None:
@@ -433,7 +438,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     try:
         return CanaryConfig(**options)
     except ValidationError as error:
-        raise UsageError("; ".join(describe_validation_error(error))) from None
+        raise UsageError("; ".join(_problems(error))) from None
 
 
 def _load_request(path: Path) -> dict[str, Any]:
@@ -443,30 +448,39 @@ def _load_request(path: Path) -> dict[str, Any]:
     return document
 
 
-_SUITE = TypeAdapter(list[SuiteEntry])
-
-
 def _load_suite(path: Path) -> list[SuiteEntry]:
+    from pydantic import TypeAdapter, ValidationError
+
+    from mooncake_operator.canary.models import SuiteEntry
+
     document = _load_document(path)
     if isinstance(document, dict) and "suite" in document:
         document = document["suite"]
     try:
-        return _SUITE.validate_python(document)
+        return TypeAdapter(list[SuiteEntry]).validate_python(document)
     except ValidationError as error:
-        raise UsageError(f"{path}: {'; '.join(describe_validation_error(error))}") from None
+        raise UsageError(f"{path}: {'; '.join(_problems(error))}") from None
 
 
 def _load_expectations(path: Path) -> list[Expectation]:
+    from pydantic import TypeAdapter, ValidationError
+
+    from mooncake_operator.canary import Expectation
+
     document = _load_document(path)
     if isinstance(document, dict) and "expectations" in document:
         document = document["expectations"]
     try:
-        return _EXPECTATIONS.validate_python(document)
+        return TypeAdapter(list[Expectation]).validate_python(document)
     except ValidationError as error:
-        raise UsageError(f"{path}: {'; '.join(describe_validation_error(error))}") from None
+        raise UsageError(f"{path}: {'; '.join(_problems(error))}") from None
 
 
 def _load_document(path: Path) -> object:
+    import yaml
+
+    from mooncake_operator import safe_yaml
+
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -477,3 +491,10 @@ def _load_document(path: Path) -> object:
         return safe_yaml.load(text)  # JSON is YAML too
     except yaml.YAMLError as error:
         raise UsageError(f"{path} is neither JSON nor YAML: {error}") from None
+
+
+def _problems(error: ValidationError) -> list[str]:
+    # mooncake_operator.api builds every API model on import (~0.3 s of CPU): only on an error.
+    from mooncake_operator.api import describe_validation_error
+
+    return describe_validation_error(error)
