@@ -92,6 +92,10 @@ def install_models() -> None:
     # A copy per cluster: the pods may write next to the weights, the cache stays pristine.
     volume = ROOT / "models"
     shutil.copytree(source, volume / MODELS_SUBDIR)
+    # The example's engine runs as uid 1000 (Pod Security "restricted"): the weights must be readable
+    # by every user, as on a shared model volume; safetensors writes its files 0600.
+    for path in (volume / MODELS_SUBDIR).rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     manifests = {"apiVersion": "v1", "kind": "List", "items": models_volume(volume)}
     kubectl(["apply", "-f", "-"], input=json.dumps(manifests))
 
