@@ -12,13 +12,12 @@ import httpx
 import pytest
 from tests.support.hostile_http import raw_server, response_head
 
-from mooncake_operator import api
+from mooncake_operator import api, canary_policy
 from mooncake_operator.canary import chat, customer_request
 from mooncake_operator.cli import build_parser
 from mooncake_operator.commands.run import settings_from
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.operator_settings import OperatorSettings, SettingsError
-from mooncake_operator.reconcile import proof
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +33,7 @@ def _spec(**canary: object) -> api.MooncakeServingSpec:
 
 def test_a_spec_asking_for_more_than_the_ceiling_gets_the_ceiling() -> None:
     spec = _spec(maxChatBodyBytes=1024 * MIB, maxMetricsBodyBytes=1024 * MIB)
-    config, notes = OperatorSettings().limit_canary(proof.canary_config(spec, URLS))
+    config, notes = OperatorSettings().limit_canary(canary_policy.canary_config(spec, URLS))
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (16 * MIB, 32 * MIB)
     assert notes == [
         "spec.canary.maxChatBodyBytes 1073741824 lowered to the operator's ceiling 16777216 "
@@ -46,12 +45,12 @@ def test_a_spec_asking_for_more_than_the_ceiling_gets_the_ceiling() -> None:
 
 def test_caps_under_the_ceiling_and_the_defaults_are_kept() -> None:
     low = OperatorSettings(canary_max_chat_body_bytes=2 * MIB)
-    config, notes = low.limit_canary(proof.canary_config(_spec(maxChatBodyBytes=MIB), URLS))
+    config, notes = low.limit_canary(canary_policy.canary_config(_spec(maxChatBodyBytes=MIB), URLS))
     assert (config.max_chat_body_bytes, notes) == (MIB, [])
-    config, notes = OperatorSettings().limit_canary(proof.canary_config(_spec(), URLS))
+    config, notes = OperatorSettings().limit_canary(canary_policy.canary_config(_spec(), URLS))
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes, notes) == (4 * MIB, 16 * MIB, [])
     # A ceiling under the default cap lowers the default too.
-    config, notes = low.limit_canary(proof.canary_config(_spec(), URLS))
+    config, notes = low.limit_canary(canary_policy.canary_config(_spec(), URLS))
     assert config.max_chat_body_bytes == 2 * MIB and len(notes) == 1
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, render
+from mooncake_operator import api, canary_policy, render
 from mooncake_operator.canary import CanaryResult, PairResult
 from mooncake_operator.canary.models import ExitCode, Verdict
 from mooncake_operator.cli import build_parser, main
@@ -30,7 +32,6 @@ from mooncake_operator.commands.canary_resource import (
     serving_set,
 )
 from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile import proof
 
 pytestmark = pytest.mark.unit
 
@@ -85,12 +86,32 @@ def test_the_config_is_the_operators() -> None:
     obj["spec"]["canary"].update({"pairs": "first", "timeoutSeconds": 42, "requireExternalHit": False})
     resource = api.parse_resource(obj)
     planned = resource_canary(resource)
-    assert planned.config == proof.canary_config(resource.spec, render.replica_urls(resource))
+    assert planned.config == canary_policy.canary_config(resource.spec, render.replica_urls(resource))
     assert planned.config.block_size == resource.spec.engine.block_size
     assert planned.config.eagle is (resource.spec.speculative is not None)
     assert planned.config.request["model"] == resource.spec.model.name
     assert (planned.config.pairs, planned.config.request_timeout_s) == ("first", 42)
     assert planned.require_external_hit is False
+
+
+def test_proving_a_resource_needs_neither_the_reconcile_package_nor_kopf() -> None:
+    """The canary's policy from a spec lives beside the API: `canary --resource` (and the sandbox) load
+    no reconciler and no kopf to build the operator's config and read its verdict."""
+    code = (
+        "import sys\n"
+        "from mooncake_operator import api\n"
+        "from mooncake_operator.commands.canary_resource import effective_result, resource_canary\n"
+        "from mooncake_operator.examples import customer_deployment\n"
+        "obj = customer_deployment().to_wire()\n"
+        "obj['metadata'] = {'name': 'chat', 'namespace': 'ns'}\n"
+        "resource_canary(api.parse_resource(obj))\n"
+        "loaded = [m for m in sys.modules if m == 'kopf' or m.startswith('mooncake_operator.reconcile')]\n"
+        "print(sorted(loaded))\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert loaded.stdout.strip() == "[]", loaded.stdout
 
 
 def test_a_resource_the_canary_cannot_prove_is_a_clear_error() -> None:

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
+from mooncake_operator import canary_policy
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.operator_settings import OperatorSettings, SettingsError
-from mooncake_operator.reconcile import proof
 from mooncake_operator.reconcile.slots import CanarySlots
 
 pytestmark = pytest.mark.unit
@@ -57,7 +57,7 @@ def test_the_request_timeout_is_lowered_to_the_operators_ceiling() -> None:
     wire["canary"] = {**wire["canary"], "timeoutSeconds": 10**9}
     spec = type(customer_deployment().spec).model_validate(wire)
     config, notes = OperatorSettings().limit_canary(
-        proof.canary_config(spec, ["http://a:8000", "http://b:8000"])
+        canary_policy.canary_config(spec, ["http://a:8000", "http://b:8000"])
     )
     assert config.request_timeout_s == 600
     assert notes == [

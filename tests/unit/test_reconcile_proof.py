@@ -1,4 +1,5 @@
-"""The canary as the operator runs it: config from the spec, when it is due, verdicts, blame, evidence."""
+"""The canary as the operator runs it: config and verdict policy from the spec (`canary_policy`), when it
+is due, blame, evidence (`reconcile.proof`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api
+from mooncake_operator import api, canary_policy
 from mooncake_operator.api import CanaryStatus
 from mooncake_operator.canary import CanaryResult, ChatAnswer, Mismatch, PairResult, customer_request
 from mooncake_operator.canary.models import (
@@ -57,7 +58,7 @@ def last_run(verdict: str = "Passed", finished: datetime = NOW, **target_changes
 
 def test_the_config_follows_the_spec() -> None:
     spec = customer_deployment().spec
-    config = proof.canary_config(spec, URLS)
+    config = canary_policy.canary_config(spec, URLS)
     assert config.replicas == URLS
     assert config.request == {**customer_request(), "model": spec.model.name}
     assert (config.block_size, config.eagle, config.pairs, config.request_timeout_s) == (
@@ -71,19 +72,20 @@ def test_the_config_follows_the_spec() -> None:
         expectations=[{"kind": "contains", "text": "hello"}],
         pairs="first",
     )
-    config = proof.canary_config(own, URLS)
+    config = canary_policy.canary_config(own, URLS)
     assert config.request == {"messages": [{"role": "user", "content": "hi"}], "model": spec.model.name}
     assert [e.describe() for e in config.expectations] == [
-        e.describe() for e in proof.canary_expectations(own) or []
+        e.describe() for e in canary_policy.canary_expectations(own) or []
     ]
     assert config.pairs == "first"
-    assert proof.canary_config(spec_with(expectations=[]), URLS).expectations == []
+    assert canary_policy.canary_config(spec_with(expectations=[]), URLS).expectations == []
 
 
 def test_the_config_takes_the_body_caps_from_the_spec() -> None:
-    config = proof.canary_config(spec_with(maxChatBodyBytes=8 << 20, maxMetricsBodyBytes=32 << 20), URLS)
+    capped = spec_with(maxChatBodyBytes=8 << 20, maxMetricsBodyBytes=32 << 20)
+    config = canary_policy.canary_config(capped, URLS)
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8 << 20, 32 << 20)
-    default = proof.canary_config(spec_with(), URLS)
+    default = canary_policy.canary_config(spec_with(), URLS)
     assert (default.max_chat_body_bytes, default.max_metrics_body_bytes) == (4 << 20, 16 << 20)
 
 
@@ -187,15 +189,15 @@ def test_without_require_external_hit_equal_answers_pass() -> None:
         pair(1, Verdict.PASSED),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert proof.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
-    assert proof.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    assert canary_policy.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
+    assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     unreachable = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=None, connection_error="refused"),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert proof.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
+    assert canary_policy.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
     failed = result(pair(0, Verdict.FAILED))
-    assert proof.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
+    assert canary_policy.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
 
 
 def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
@@ -228,9 +230,9 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
 
 
 def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
-    default = proof.canary_config(spec_with(), URLS)
+    default = canary_policy.canary_config(spec_with(), URLS)
     assert default.comparison == Comparison() and default.suite == "default"
-    own = proof.canary_config(
+    own = canary_policy.canary_config(
         spec_with(
             comparison={"mode": "exact", "topK": 3, "maxTieGapNats": 0.2, "maxDriftNats": 0.05},
             suite=[{"name": "short", "request": {"messages": [{"role": "user", "content": "hi"}]}}],
@@ -242,7 +244,7 @@ def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
     )
     assert isinstance(own.suite, list) and own.suite[0].name == "short"
     assert own.suite[0].request["model"] == customer_deployment().spec.model.name
-    assert proof.canary_config(spec_with(suite=[]), URLS).suite == "off"
+    assert canary_policy.canary_config(spec_with(suite=[]), URLS).suite == "off"
 
 
 @pytest.mark.parametrize(
@@ -316,9 +318,9 @@ def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> N
     unproven = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=BENIGN), verdict=Verdict.INCONCLUSIVE
     )
-    assert proof.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     corrupt = BENIGN.model_copy(update={"kind": DivergenceKind.CORRUPTION})
     failing = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=corrupt), verdict=Verdict.INCONCLUSIVE
     )
-    assert proof.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE
+    assert canary_policy.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE

@@ -2,7 +2,7 @@
 
 The resource says what to prove (request, expectations, pairs, block size, Eagle, port, replicas) and
 which replica set serves users (`status.rollout.servingSet`); the config is built by the operator's own
-`proof.canary_config`, so `helm test` and the operator never disagree about what a proof is.
+`canary_policy.canary_config`, so `helm test` and the operator never disagree about what a proof is.
 Everything here but `fetch_serving` is pure.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from mooncake_operator import api, render
+from mooncake_operator import api, canary_policy, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing
 from mooncake_operator.canary import CanaryConfig, CanaryResult
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeTransportError
@@ -63,12 +63,10 @@ class ResourceCanary:
 
 def resource_canary(resource: MooncakeServing) -> ResourceCanary:
     """The run that proves `resource`'s serving set, exactly as the operator configures its canary."""
-    from mooncake_operator.reconcile import proof  # imports kopf: only when a resource is proven
-
     set_name = serving_set(resource)
     urls = render.replica_urls(resource, set_name)
     try:
-        config = proof.canary_config(resource.spec, urls)
+        config = canary_policy.canary_config(resource.spec, urls)
     except ValidationError as error:  # e.g. spec.replicas 1 (a resource with the canary off)
         problems = "; ".join(api.describe_validation_error(error))
         raise ResourceError(f"MooncakeServing {_ref(resource)} cannot be proven: {problems}") from None
@@ -89,11 +87,9 @@ def resource_canary(resource: MooncakeServing) -> ResourceCanary:
 
 
 def effective_result(result: CanaryResult, *, require_external_hit: bool) -> CanaryResult:
-    """The result with the verdict the operator would record (proof.effective_verdict), so the report
-    and the exit status say what the operator's status would."""
-    from mooncake_operator.reconcile import proof
-
-    verdict = proof.effective_verdict(result, require_external_hit=require_external_hit)
+    """The result with the verdict the operator would record (`canary_policy.effective_verdict`), so the
+    report and the exit status say what the operator's status would."""
+    verdict = canary_policy.effective_verdict(result, require_external_hit=require_external_hit)
     if verdict is result.verdict:
         return result
     reason = f"passed without a proven external hit (requireExternalHit: false): {result.reason}"

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from mooncake_operator import api, render
+from mooncake_operator import api, canary_policy, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, MooncakeServingStatus
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import CanaryResult, Verdict
@@ -438,7 +438,7 @@ class _Pass:
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
-        config, lowered = self.settings.limit_canary(proof.canary_config(serving.spec, urls))
+        config, lowered = self.settings.limit_canary(canary_policy.canary_config(serving.spec, urls))
         for note in lowered:
             logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
         deadline = self.settings.canary_run_deadline_seconds
@@ -456,7 +456,7 @@ class _Pass:
             )
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(why, run_id="deadline", now=now, target=target))
-        verdict = proof.effective_verdict(
+        verdict = canary_policy.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )
         metrics = self.runtime.metrics

@@ -1,109 +1,22 @@
-"""The canary as the operator runs it: its config from the spec, when it is due, what its result means.
+"""The canary as the reconcile runs it: when it is due, what its result means for the status and traffic.
 
-Pure functions; running it is `mooncake_operator.canary.run_canary`. A run records what it was run
-against (`CanaryTarget`); the next run is due when the present state differs from that record, when the
-spec's interval has elapsed, or (for an inconclusive run) when the retry delay has.
+Pure functions; the run's config and verdict policy from a spec are `mooncake_operator.canary_policy`,
+running it is `mooncake_operator.canary.run_canary`. A run records what it was run against
+(`CanaryTarget`); the next run is due when the present state differs from that record, when the spec's
+interval has elapsed, or (for an inconclusive run) when the retry delay has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Literal
 
-from pydantic import TypeAdapter
+from mooncake_operator.api import CanaryStatus, CanaryTarget, DivergenceEvidence, PairEvidence
+from mooncake_operator.canary import CanaryResult, PairResult
+from mooncake_operator.canary.models import Divergence, ErrorKind, Verdict
+from mooncake_operator.canary_policy import benign
 
-from mooncake_operator import api
-from mooncake_operator.api import (
-    CanaryStatus,
-    CanaryTarget,
-    DivergenceEvidence,
-    MooncakeServingSpec,
-    PairEvidence,
-)
-from mooncake_operator.canary import CanaryConfig, CanaryResult, Expectation, PairResult, customer_request
-from mooncake_operator.canary.models import (
-    Comparison,
-    ComparisonMode,
-    Divergence,
-    DivergenceKind,
-    ErrorKind,
-    SuiteEntry,
-    Verdict,
-)
-
-_EXPECTATIONS = TypeAdapter(list[Expectation])
 _REASON_LIMIT = 1000
-
-
-def canary_request(spec: MooncakeServingSpec) -> dict[str, Any]:
-    """The spec's request, or the customer's; sent to the served model name unless the request names one."""
-    if spec.canary.request is None:
-        return {**customer_request(), "model": spec.model.name}
-    request = api.plain(spec.canary.request)
-    return request if "model" in request else {**request, "model": spec.model.name}
-
-
-def canary_expectations(spec: MooncakeServingSpec) -> list[Expectation] | None:
-    """The spec's expectations as the canary's checks; None: the canary's default (the customer's)."""
-    if spec.canary.expectations is None:
-        return None
-    return _EXPECTATIONS.validate_python([item.model_dump() for item in spec.canary.expectations])
-
-
-def canary_comparison(spec: MooncakeServingSpec) -> Comparison:
-    comparison = spec.canary.comparison
-    return Comparison(
-        mode=ComparisonMode(comparison.mode),
-        top_k=comparison.top_k,
-        max_tie_gap_nats=comparison.max_tie_gap_nats,
-        max_drift_nats=comparison.max_drift_nats,
-    )
-
-
-def canary_suite(spec: MooncakeServingSpec) -> Literal["default", "off"] | list[SuiteEntry]:
-    """Unset: the default block-boundary suite; []: none; else the spec's requests (to the served model
-    unless they name one)."""
-    if spec.canary.suite is None:
-        return "default"
-    if not spec.canary.suite:
-        return "off"
-    entries = []
-    for item in spec.canary.suite:
-        request = api.plain(item.request)
-        expectations = None
-        if item.expectations is not None:
-            expectations = _EXPECTATIONS.validate_python([check.model_dump() for check in item.expectations])
-        entries.append(
-            SuiteEntry(
-                name=item.name,
-                request=request if "model" in request else {**request, "model": spec.model.name},
-                expectations=expectations,
-            )
-        )
-    return entries
-
-
-def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfig:
-    options: dict[str, Any] = {
-        "replicas": list(urls),
-        "request": canary_request(spec),
-        "pairs": spec.canary.pairs,
-        "request_timeout_s": float(spec.canary.timeout_seconds),
-        # The reader must load every block the prompt's hit should give (block size, Eagle's drop).
-        "block_size": spec.engine.block_size,
-        "eagle": spec.speculative is not None,
-        "comparison": canary_comparison(spec),
-        "suite": canary_suite(spec),
-    }
-    if spec.canary.max_chat_body_bytes is not None:
-        options["max_chat_body_bytes"] = spec.canary.max_chat_body_bytes
-    if spec.canary.max_metrics_body_bytes is not None:
-        options["max_metrics_body_bytes"] = spec.canary.max_metrics_body_bytes
-    expectations = canary_expectations(spec)
-    if expectations is not None:
-        options["expectations"] = expectations
-    return CanaryConfig(**options)
 
 
 def current_target(
@@ -175,20 +88,6 @@ def canary_due(
     if last.verdict == "Inconclusive" and elapsed >= inconclusive_retry_seconds:
         return "retrying an inconclusive run"
     return None
-
-
-def effective_verdict(result: CanaryResult, *, require_external_hit: bool) -> Verdict:
-    """The run's verdict; without `requireExternalHit`, equal answers without a proven load pass."""
-    if result.verdict is not Verdict.INCONCLUSIVE or require_external_hit:
-        return result.verdict
-    proven_equal = all(
-        (pair.answers_equal or benign(pair.divergence)) and not pair.connection_error for pair in result.pairs
-    )
-    return Verdict.PASSED if proven_equal else Verdict.INCONCLUSIVE
-
-
-def benign(divergence: Divergence | None) -> bool:
-    return divergence is not None and divergence.kind is DivergenceKind.BENIGN
 
 
 def benign_divergence_message(result: CanaryResult, pod_names: Sequence[str]) -> str | None:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from mooncake_operator import canary_policy
 from mooncake_operator.api import CanarySpec, MooncakeServingSpec
 from mooncake_operator.canary import CanaryConfig, chat, customer_request, scrape_counters
 from mooncake_operator.canary.client import CounterScrapeError
@@ -42,7 +43,6 @@ from mooncake_operator.engine_args import (
     replica_launch,
 )
 from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile import proof
 from mooncake_operator.sandbox.cpu_stalls import CpuStallWatch
 from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
 from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
@@ -188,7 +188,7 @@ SANDBOX_CANARY = CanarySpec(expectations=[], pairs="ring", timeout_seconds=300, 
 def canary_spec(*, speculative: bool, block_size: int) -> MooncakeServingSpec:
     """The spec whose canary the sandbox runs: the customer's at the sandbox's block size, SANDBOX_CANARY.
 
-    The operator's `proof.canary_config` turns it into the canary's config, so the sandbox and the
+    The operator's `canary_policy.canary_config` turns it into the canary's config, so the sandbox and the
     operator prove a deployment by one rule (the exact hit follows the block size and Eagle's drop)."""
     spec = sandbox_spec(speculative=speculative)
     engine = spec.engine.model_copy(update={"block_size": block_size})
@@ -291,7 +291,7 @@ class Sandbox:
         """The canary across every replica; `eagle` defaults to the sandbox's --speculative."""
         speculative = self.options.speculative if eagle is None else eagle
         spec = canary_spec(speculative=speculative, block_size=self.block_size)
-        return proof.canary_config(spec, self.replica_urls)
+        return canary_policy.canary_config(spec, self.replica_urls)
 
     def spec_for(self, replica: Replica) -> MooncakeServingSpec:
         return sandbox_spec(
