@@ -492,25 +492,50 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     return volumes
 
 
+@dataclass(frozen=True)
+class ReplicaTemplate:
+    """The replica pod template the spec renders (without a BlueGreen set's own label), rendered once
+    per reconcile: its digest `id` names a BlueGreen candidate and annotates the StatefulSet."""
+
+    body: dict[str, Any]
+    id: str
+
+    @classmethod
+    def of(cls, resource: MooncakeServing) -> ReplicaTemplate:
+        body = _replica_pod_template(resource, selector(resource, COMPONENT_REPLICA))
+        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return cls(body, hashlib.sha256(canonical.encode()).hexdigest()[:16])
+
+    def for_set(self, set_selector: dict[str, str]) -> dict[str, Any]:
+        """The template whose pods carry `set_selector` (the set's label included), in render order."""
+        metadata = self.body["metadata"]
+        labels = {key: value for key, value in metadata["labels"].items() if key != TRAFFIC_LABEL}
+        labels = {**labels, **set_selector, TRAFFIC_LABEL: metadata["labels"][TRAFFIC_LABEL]}
+        return {**self.body, "metadata": {**metadata, "labels": labels}}
+
+
 def replica_template_id(resource: MooncakeServing) -> str:
     """Digest of the replica pod template the spec renders (the set's own label aside): a change starts
     a BlueGreen candidate."""
-    template = _replica_pod_template(resource, selector(resource, COMPONENT_REPLICA))
-    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return ReplicaTemplate.of(resource).id
 
 
 def replica_stateful_set(
-    resource: MooncakeServing, *, owner_uid: str | None, replica_set: str | None = None
+    resource: MooncakeServing,
+    *,
+    owner_uid: str | None,
+    replica_set: str | None = None,
+    template: ReplicaTemplate | None = None,
 ) -> Manifest:
     """The replica StatefulSet, NAME-replica or (`replica_set`) a BlueGreen set of another name, whose
-    selector and pods also carry the set's label."""
+    selector and pods also carry the set's label. `template`: the spec's, when already rendered."""
     names = ChildNames.of(resource.metadata.name)
     spec = resource.spec
     set_name = replica_set or names.replicas
     set_selector = selector(resource, COMPONENT_REPLICA)
     if set_name != names.replicas:
         set_selector[REPLICA_SET_LABEL] = set_name
+    template = template or ReplicaTemplate.of(resource)
     stateful_set_spec: dict[str, Any] = {
         "serviceName": names.headless_service,
         "replicas": spec.replicas,
@@ -518,13 +543,13 @@ def replica_stateful_set(
         "podManagementPolicy": "Parallel",
         "updateStrategy": {"type": "RollingUpdate"},
         "selector": {"matchLabels": set_selector},
-        "template": _replica_pod_template(resource, set_selector),
+        "template": template.for_set(set_selector),
     }
     claim = cache_claim_template(resource)
     if claim is not None:
         stateful_set_spec["volumeClaimTemplates"] = [claim]
     metadata = object_meta(resource, set_name, labels(resource, "vllm", COMPONENT_REPLICA), owner_uid)
-    metadata["annotations"] = {TEMPLATE_ANNOTATION: replica_template_id(resource)}
+    metadata["annotations"] = {TEMPLATE_ANNOTATION: template.id}
     return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": metadata, "spec": stateful_set_spec}
 
 
@@ -1192,6 +1217,7 @@ def network_policies(
     owner_uid: str | None,
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
     open_http_by_default: bool = True,
+    template: ReplicaTemplate | None = None,
 ) -> list[Manifest]:
     """Ingress of the master (RPC from this resource's replicas; with highly available masters, the
     operator on the metrics port for /health) and of the replicas (any port from each other: the store
@@ -1286,6 +1312,7 @@ def render_all(
     replica_set: str | None = None,
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
     open_http_by_default: bool = True,
+    template: ReplicaTemplate | None = None,
 ) -> list[Manifest]:
     """Every child object, in apply order: network policies first (so no pod starts unprotected),
     config and master, replicas next, services and the disruption budget for them.
@@ -1295,7 +1322,8 @@ def render_all(
     replica StatefulSet rendered from this spec (a BlueGreen candidate's name); another set (the one
     serving during a BlueGreen rollout) is not rendered, so it is left as it runs. `operator_namespace`:
     where the operator's pods run, the only namespace its NetworkPolicy peer admits.
-    `open_http_by_default`: whether the replicas' HTTP port admits anyone when no clients are listed."""
+    `open_http_by_default`: whether the replicas' HTTP port admits anyone when no clients are listed.
+    `template`: the replica pod template, when the caller already rendered it (`ReplicaTemplate.of`)."""
     return [
         *network_policies(
             resource,
@@ -1306,7 +1334,7 @@ def render_all(
         store_config_map(resource, owner_uid=owner_uid),
         *_master_children(resource, owner_uid=owner_uid),
         headless_service(resource, owner_uid=owner_uid),
-        replica_stateful_set(resource, owner_uid=owner_uid, replica_set=replica_set),
+        replica_stateful_set(resource, owner_uid=owner_uid, replica_set=replica_set, template=template),
         client_service(resource, owner_uid=owner_uid),
         pod_disruption_budget(resource, owner_uid=owner_uid, api_version=policy_api_version),
     ]

@@ -507,6 +507,12 @@ def test_a_blue_green_candidate_set_has_its_own_name_selector_and_pods() -> None
     pod_labels = candidate["spec"]["template"]["metadata"]["labels"]
     assert pod_labels[render.REPLICA_SET_LABEL] == name
     assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_OFF  # out of traffic until proven
+    assert list(pod_labels)[-2:] == [render.REPLICA_SET_LABEL, render.TRAFFIC_LABEL]  # as rendered before
+    # A pass renders the template once and passes it in: the same set.
+    once = render.ReplicaTemplate.of(resource)
+    assert (
+        render.replica_stateful_set(resource, owner_uid="uid-1", replica_set=name, template=once) == candidate
+    )
     # The one headless Service gives every set's pods their names; the master is shared.
     assert candidate["spec"]["serviceName"] == plain["spec"]["serviceName"]
     assert render.replica_pod_names(resource, name) == [f"{name}-{i}" for i in range(resource.spec.replicas)]
