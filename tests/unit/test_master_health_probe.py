@@ -4,10 +4,11 @@ total deadline and a body cap), never the operator's memory or a reconcile stuck
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
@@ -88,3 +89,31 @@ async def test_a_compressed_body_is_refused_unread() -> None:
                 tracemalloc.stop()
     assert view is None
     assert peak < 4 * MIB, f"peak {peak / MIB:.1f} MiB"
+
+
+class _Streamed(httpx.AsyncByteStream):
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.body
+
+
+async def test_the_masters_are_asked_at_once() -> None:
+    """Each master answers only once all three are being asked: asked one after another, each would wait
+    out its probe deadline and answer nothing."""
+    asked: list[str] = []
+    everyone = asyncio.Event()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.host)
+        if len(asked) == 3:
+            everyone.set()
+        await everyone.wait()
+        return httpx.Response(200, stream=_Streamed(json.dumps(VIEW).encode()))
+
+    urls = [f"http://master-{ordinal}:8080" for ordinal in range(3)]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        views = await master_views(http, urls)
+    assert [view is not None and view.leads for view in views] == [True, True, True]
+    assert sorted(asked) == ["master-0", "master-1", "master-2"]
