@@ -3,6 +3,7 @@ the leader as the operator reads it from the masters, failover counting and the 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from mooncake_operator.api import (
     HighAvailabilityStatus,
     InvalidResourceError,
     MooncakeServing,
+    MooncakeServingStatus,
     parse_resource,
 )
 from mooncake_operator.cli import build_parser
@@ -25,7 +27,8 @@ from mooncake_operator.commands.run import settings_from
 from mooncake_operator.engine_args import HaTopology, master_argv, replica_launch
 from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
 from mooncake_operator.master_health import MasterView
-from mooncake_operator.reconcile import leader, proof
+from mooncake_operator.reconcile import leader, plan, proof
+from mooncake_operator.reconcile.actions import PostEvent
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_operator.sandbox import SandboxOptions
 from mooncake_operator.sandbox.ha import sandbox_ha_resource
@@ -298,6 +301,51 @@ def test_failovers_are_counted_when_the_leader_changes() -> None:
     same, message = leader.track(after, leadership("m-2", "10.0.0.7:50051"), now="t3")
     assert same == after and message is None
     assert leader.track(HighAvailabilityStatus(leader="m-0"), None, now="t4") == (None, None)
+
+
+def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
+    """The masters' answers are part of the pass's snapshot; the planner picks the leader, records it, and
+    orders the failover event first, once: the decision after the canary run does not repeat it."""
+    resource = resource_with({"enabled": True})
+    replicas = tuple(pod(name) for name in render.replica_pod_names(resource))
+    masters = tuple(pod(f"minimax-m25-master-{i}") for i in range(3))
+    count = len(replicas)
+    observation = Observation(
+        MasterState(True, "3/3 masters ready", None, masters),
+        ReplicaState(count, count, True, "ready", replicas),
+    )
+    before = HighAvailabilityStatus(leader="minimax-m25-master-0", leader_address="10.0.0.4:50051")
+    stored = MooncakeServingStatus(phase="Ready", high_availability=before)
+    now = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
+    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+    views = (MasterView.parse(STANDBY_HEALTH), MasterView.parse(LEADER_HEALTH), None)
+    rendering = plan.rendering(resource, stored, None, ())
+    snapshot = plan.Snapshot(resource, stored, rendering, observation, now, timing, master_views=views)
+    first = plan.decide(snapshot)
+    failover = PostEvent(
+        "MasterFailover",
+        "store master failover: minimax-m25-master-1 (10.0.0.5:50051) leads, was minimax-m25-master-0 "
+        "(10.0.0.4:50051); failover 1; the canary runs again",
+        "Warning",
+    )
+    assert first.actions[0] == failover
+    tracked = first.status.high_availability
+    assert tracked is not None
+    assert (tracked.leader, tracked.failovers, tracked.last_failover_time) == (
+        "minimax-m25-master-1",
+        1,
+        "2026-01-01T00:01:00Z",
+    )
+    order = first.canary
+    assert order is not None and order.target.master_leader == "minimax-m25-master-1"
+    assert order.target.master_pod == "uid-minimax-m25-master-1"
+    run = CanaryStatus(run_id="r", verdict="Passed", finished_at="2026-01-01T00:01:30Z", target=order.target)
+    after = plan.decide(snapshot, plan.CanaryRun(run), now=now)
+    assert failover not in after.actions
+    assert after.status.high_availability == tracked and after.status.phase == "Ready"
+    # A single master: nobody to ask, no leader recorded.
+    single = dataclasses.replace(snapshot, master_views=None)
+    assert plan.decide(single).status.high_availability is None
 
 
 def test_a_leader_change_makes_the_canary_due() -> None:

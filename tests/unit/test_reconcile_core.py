@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing
+from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.kube import KubeClient, KubeConfig
@@ -389,13 +389,22 @@ async def test_absurd_quantities_are_invalid_not_retried_exceptions(
 
 
 async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_deletes_the_old_set(
-    closing: list[Runtime],
+    closing: list[Runtime], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     world, candidate = blue_green_world()
     runtime = runtime_of(world)
     closing.append(runtime)
+    rendered = render._replica_pod_template
+    templates: list[str] = []
+
+    def counted(resource: MooncakeServing, set_selector: dict[str, str]) -> dict[str, Any]:
+        templates.append(resource.metadata.name)
+        return rendered(resource, set_selector)
+
+    monkeypatch.setattr(render, "_replica_pod_template", counted)
     outcome = await reconcile(runtime, "ns", "demo")
     assert outcome.result is ReconcileResult.READY, outcome.message
+    assert templates == ["demo"]  # the pass rendered the replica pod template once (sets, digest, child)
     writes = [(method, path) for method, path in world.requests if method in ("PATCH", "DELETE")]
     status_path = "/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo/status"
     # Pods going in first, so the client Service is never empty; the old set goes last.
@@ -421,7 +430,8 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
     the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so."""
     from tests.support.fake_vllm import FakeCluster
 
-    from mooncake_operator.reconcile.core import _Pass, _StatusWriter
+    from mooncake_operator.reconcile.actions import RunCanary
+    from mooncake_operator.reconcile.core import _Actor, _Pass
     from mooncake_operator.reconcile.proof import current_target
 
     events: list[dict[str, Any]] = []
@@ -462,13 +472,13 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
         serving = MooncakeServing.model_validate(wire)
         runtime = runtime_answering(handler, replica_endpoints={"ns/x-replica": tuple(cluster.urls)})
         closing.append(runtime)
-        state = _StatusWriter(runtime, wire)
-        run = await _Pass(runtime, wire, serving, state).run_canary(
-            serving,
-            "x-replica",
-            current_target(
-                revision="r", generation=1, replica_pods=[], master_pod=None, master_restarts=0, rerun=None
-            ),
+        actor = _Actor(runtime, wire)
+        actor.resource = serving
+        target = current_target(
+            revision="r", generation=1, replica_pods=[], master_pod=None, master_restarts=0, rerun=None
+        )
+        run = await _Pass(runtime, actor, MooncakeServingStatus(), runtime.clock()).run_canary(
+            serving, "x-replica", RunCanary(target, "no canary has run against these replicas yet")
         )
     assert run.canary.verdict == "Passed", run.canary.reason
     divergence = run.canary.pairs[0].divergence

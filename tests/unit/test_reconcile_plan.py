@@ -1,8 +1,10 @@
-"""The planner's decisions, table by table: what runs, what the status says, who serves users."""
+"""The planner's decisions, table by table: the exact actions, what the status says, who serves users."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,10 +21,11 @@ from mooncake_operator.api import (
 )
 from mooncake_operator.conditions import READY, find
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile import plan
+from mooncake_operator.reconcile import actions, plan
+from mooncake_operator.reconcile.actions import Action, Decision, Outcome
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, Inputs, Plan, Timing
-from mooncake_operator.reconcile.revisions import LastGood
+from mooncake_operator.reconcile.plan import CanaryRun, SetChoice, Snapshot, Timing
+from mooncake_operator.reconcile.revisions import LastGood, last_good_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -133,31 +136,60 @@ class Case:
     observation: Observation
     last_good: LastGood | None = LAST_GOOD_OLD
     fresh: CanaryRun | None = None
-    # expected
+    # expected: the actions in order (see `summary`), and the status they write
+    actions: tuple[tuple[Any, ...], ...] = ()
     phase: str = "Ready"
     reason: str = "Ready"
     serving: tuple[str, ...] = ()  # pods in traffic afterwards
-    labels: dict[str, str] = field(default_factory=dict)  # label writes
-    runs_canary: bool = False
-    records: bool = False
-    rolls_back: bool = False
     result: ReconcileResult | None = ReconcileResult.READY
     retry_after: float | None = None
 
 
-def decide(case: Case) -> Plan:
-    choice = plan.choose_revision(case.resource, case.current, case.last_good)
-    inputs = Inputs(
-        resource=case.resource,
-        current=case.current,
-        choice=choice,
-        observation=case.observation,
-        last_good=case.last_good,
-        now=NOW,
-        timing=TIMING,
-        fresh=case.fresh,
-    )
-    return plan.plan(inputs)
+def snapshot(
+    res: MooncakeServing,
+    current: MooncakeServingStatus,
+    observed: Observation,
+    last_good: LastGood | None,
+    *,
+    sets: SetChoice | None = None,
+    **extra: Any,
+) -> Snapshot:
+    """What a pass would hand the planner: no replica set found yet (the spec's own), unless `sets`."""
+    rendering = plan.rendering(res, current, last_good, ())
+    if sets is not None:
+        rendering = dataclasses.replace(rendering, sets=sets)
+    return Snapshot(res, current, rendering, observed, NOW, TIMING, **extra)
+
+
+def decide(case: Case) -> Decision:
+    return plan.decide(snapshot(case.resource, case.current, case.observation, case.last_good), case.fresh)
+
+
+def summary(ordered: Sequence[Action]) -> tuple[tuple[Any, ...], ...]:
+    """Each action by what it does: the status by phase and Ready reason, the record by revision."""
+
+    def one(action: Action) -> tuple[Any, ...]:
+        match action:
+            case actions.WriteStatus(status=written):
+                ready = find(written.conditions, READY)
+                return ("status", written.phase, ready.reason if ready else None)
+            case actions.PostEvent(reason=reason, type=kind):
+                return ("event", reason, kind)
+            case actions.RecordLastGood(spec=spec):
+                return ("record", render.spec_hash(spec))
+            case actions.SetTraffic(labels=labels):
+                return ("traffic", dict(labels))
+            case actions.RemoveSets(names=names):
+                return ("remove", names)
+            case actions.RunCanary(target=ordered):
+                return ("canary", ordered.revision)
+        raise AssertionError(action)
+
+    return tuple(one(action) for action in ordered)
+
+
+def labels(decision: Decision) -> dict[str, str]:
+    return next((dict(a.labels) for a in decision.actions if isinstance(a, actions.SetTraffic)), {})
 
 
 P0, P1 = pod(0), pod(1)
@@ -173,8 +205,12 @@ CASES = {
         observation(P0, P1),
         phase="Canary",
         reason="CanaryRunning",
-        runs_canary=True,
         result=None,
+        actions=(
+            ("status", "Canary", "CanaryRunning"),
+            ("event", "CanaryRunning", "Normal"),
+            ("canary", NEW),
+        ),
     ),
     # The pass proves both pods at their revision: they get traffic, the spec is recorded as last good.
     "pass: proven pods get traffic, last good recorded": Case(
@@ -183,8 +219,12 @@ CASES = {
         observation(P0, P1),
         fresh=CanaryRun(run("Passed", P0, P1)),
         serving=(P0.name, P1.name),
-        labels={P0.name: "on", P1.name: "on"},
-        records=True,
+        actions=(
+            ("record", NEW),
+            ("status", "Ready", "Ready"),
+            ("event", "Ready", "Normal"),
+            ("traffic", {P0.name: "on", P1.name: "on"}),
+        ),
     ),
     "Hold, first rollout fails: nobody was proven, the blamed pod is held": Case(
         resource(),
@@ -195,6 +235,7 @@ CASES = {
         phase="CanaryFailed",
         reason="CanaryFailed",
         result=ReconcileResult.CANARY_FAILED,
+        actions=(("status", "CanaryFailed", "CanaryFailed"), ("event", "CanaryFailed", "Warning")),
     ),
     "Hold, a re-run of a proven revision fails: only the blamed pod leaves traffic": Case(
         resource(rerun="again"),
@@ -204,8 +245,12 @@ CASES = {
         phase="CanaryFailed",
         reason="CanaryFailed",
         serving=(P0.name,),
-        labels={P1.name: "off"},
         result=ReconcileResult.CANARY_FAILED,
+        actions=(
+            ("status", "CanaryFailed", "CanaryFailed"),
+            ("event", "CanaryFailed", "Warning"),
+            ("traffic", {P1.name: "off"}),
+        ),
     ),
     "Inconclusive keeps the new revision's pods out and retries later": Case(
         resource(),
@@ -216,6 +261,10 @@ CASES = {
         reason="CanaryInconclusive",
         result=ReconcileResult.CANARY_FAILED,
         retry_after=TIMING.inconclusive_retry_seconds,
+        actions=(
+            ("status", "CanaryFailed", "CanaryInconclusive"),
+            ("event", "CanaryInconclusive", "Warning"),
+        ),
     ),
     "Inconclusive re-run of proven pods leaves them serving": Case(
         resource(rerun="again"),
@@ -227,6 +276,10 @@ CASES = {
         serving=(P0.name, P1.name),
         result=ReconcileResult.CANARY_FAILED,
         retry_after=TIMING.inconclusive_retry_seconds,
+        actions=(
+            ("status", "CanaryFailed", "CanaryInconclusive"),
+            ("event", "CanaryInconclusive", "Warning"),
+        ),
     ),
     "Rollback: the spec's revision failed, a different good one is stored": Case(
         resource(on_failure="Rollback"),
@@ -236,9 +289,9 @@ CASES = {
         fresh=CanaryRun(run("Failed", P0, P1, revision=NEW_RB), blamed=(P1.name,)),
         phase="Deploying",
         reason="RollingBack",
-        rolls_back=True,
         result=ReconcileResult.ROLLED_BACK,
         retry_after=1.0,
+        actions=(("status", "Deploying", "RollingBack"), ("event", "RollingBack", "Warning")),
     ),
     "Rollback without a last good revision behaves as Hold": Case(
         resource(on_failure="Rollback"),
@@ -249,6 +302,7 @@ CASES = {
         phase="CanaryFailed",
         reason="CanaryFailed",
         result=ReconcileResult.CANARY_FAILED,
+        actions=(("status", "CanaryFailed", "CanaryFailed"), ("event", "CanaryFailed", "Warning")),
     ),
     # The next pass renders the last good spec (OLD); its fresh pods pass: Degraded, serving, not recorded.
     "rolled back and proven again: Degraded, serving, nothing recorded": Case(
@@ -260,8 +314,12 @@ CASES = {
         phase="Degraded",
         reason="RolledBack",
         serving=(P0.name, P1.name),
-        labels={P0.name: "on", P1.name: "on"},
         result=ReconcileResult.ROLLED_BACK,
+        actions=(
+            ("status", "Degraded", "RolledBack"),
+            ("event", "RolledBack", "Warning"),
+            ("traffic", {P0.name: "on", P1.name: "on"}),
+        ),
     ),
     "replica loss: the proven pod left keeps serving, the resource is Degraded": Case(
         resource(),
@@ -273,6 +331,7 @@ CASES = {
         serving=(P0.name,),
         result=ReconcileResult.WAITING,
         retry_after=TIMING.retry_delay_seconds,
+        actions=(("status", "Degraded", "ReplicasLost"), ("event", "ReplicasLost", "Warning")),
     ),
     "a replaced pod waits for a canary even at a proven revision": Case(
         resource(),
@@ -282,8 +341,12 @@ CASES = {
         phase="Canary",
         reason="CanaryRunning",
         serving=(P0.name,),
-        runs_canary=True,
         result=None,
+        actions=(
+            ("status", "Canary", "CanaryRunning"),
+            ("event", "CanaryRunning", "Normal"),
+            ("canary", NEW),
+        ),
     ),
     "in-place rollout: the proven revision's pods serve until replaced": Case(
         resource(),
@@ -294,6 +357,7 @@ CASES = {
         serving=(OLD0.name,),
         result=ReconcileResult.WAITING,
         retry_after=TIMING.retry_delay_seconds,
+        actions=(("status", "Deploying", "Deploying"), ("event", "Deploying", "Normal")),
     ),
     "a pod replaced during the run is not proven by it": Case(
         resource(),
@@ -301,8 +365,12 @@ CASES = {
         observation(P0, pod(1, instance="b")),
         fresh=CanaryRun(run("Passed", P0, P1)),
         serving=(P0.name,),
-        labels={P0.name: "on"},
-        records=True,
+        actions=(
+            ("record", NEW),
+            ("status", "Ready", "Ready"),
+            ("event", "Ready", "Normal"),
+            ("traffic", {P0.name: "on"}),
+        ),
     ),
     "rerun annotation orders a run against proven pods, which keep serving meanwhile": Case(
         resource(rerun="now"),
@@ -312,8 +380,12 @@ CASES = {
         phase="Canary",
         reason="CanaryRunning",
         serving=(P0.name, P1.name),
-        runs_canary=True,
         result=None,
+        actions=(
+            ("status", "Canary", "CanaryRunning"),
+            ("event", "CanaryRunning", "Normal"),
+            ("canary", NEW),
+        ),
     ),
     "nothing changed: no run, no label write, nothing recorded": Case(
         resource(),
@@ -321,6 +393,7 @@ CASES = {
         observation(P0_ON, P1_ON),
         last_good=LastGood(NEW, resource().spec),
         serving=(P0.name, P1.name),
+        actions=(("status", "Ready", "Ready"),),
     ),
     "a lost last-good record is written again": Case(
         resource(),
@@ -328,14 +401,14 @@ CASES = {
         observation(P0_ON, P1_ON),
         last_good=None,
         serving=(P0.name, P1.name),
-        records=True,
+        actions=(("record", NEW), ("status", "Ready", "Ready")),
     ),
     "canary disabled: every pod serves once Ready, nothing is held": Case(
         resource(enabled=False),
         stored(canary=None, held=(P1.name,)),
         observation(P0, P1),
         serving=(P0.name, P1.name),
-        labels={P0.name: "on", P1.name: "on"},
+        actions=(("status", "Ready", "Ready"), ("traffic", {P0.name: "on", P1.name: "on"})),
     ),
 }
 
@@ -346,14 +419,11 @@ def test_plan(case: Case) -> None:
     ready = find(decided.status.conditions, READY)
     assert ready is not None
     assert (decided.status.phase, ready.reason) == (case.phase, case.reason), ready.message
+    assert summary(decided.actions) == case.actions
     traffic = decided.status.traffic
     assert traffic is not None
     assert tuple(p.name for p in traffic.pods if p.serving) == case.serving
     assert traffic.serving == len(case.serving)
-    assert decided.traffic_labels == case.labels
-    assert (decided.run_canary is not None) == case.runs_canary
-    assert (decided.record_last_good is not None) == case.records
-    assert decided.roll_back == case.rolls_back
     if case.result is None:
         assert decided.outcome is None
     else:
@@ -427,5 +497,56 @@ def test_a_status_without_a_traffic_record_keeps_the_pods_the_last_pass_proved()
     decided = decide(
         Case(resource(), current, observation(P0_ON, P1_ON), last_good=LastGood(NEW, resource().spec))
     )
-    assert decided.traffic_labels == {}
+    assert labels(decided) == {}
     assert decided.status.traffic is not None and decided.status.traffic.serving == 2
+
+
+def test_an_invalid_spec_says_why_and_posts_an_event_when_what_is_wrong_changes() -> None:
+    stored = MooncakeServingStatus(phase="Ready")
+    first = plan.invalid(stored, ["spec.replicas: too few"], generation=3, now=NOW)
+    assert summary(first.actions) == (
+        ("status", "Invalid", "InvalidSpec"),
+        ("event", "InvalidSpec", "Warning"),
+    )
+    assert first.outcome == Outcome(ReconcileResult.INVALID, "spec.replicas: too few")
+    assert first.status.observed_generation == 3
+    same = plan.invalid(first.status, ["spec.replicas: too few"], generation=3, now=NOW)
+    assert summary(same.actions) == (("status", "Invalid", "InvalidSpec"),)
+    other = plan.invalid(first.status, ["spec.model: missing"], generation=4, now=NOW)
+    assert summary(other.actions) == (
+        ("status", "Invalid", "InvalidSpec"),
+        ("event", "InvalidSpec", "Warning"),
+    )
+
+
+def test_a_refused_child_keeps_the_phase_and_is_retried() -> None:
+    stored = MooncakeServingStatus(phase="Ready", last_good_revision=NEW)
+    refused = plan.apply_failed(
+        stored, "applying Service/demo failed: 422", generation=2, now=NOW, timing=TIMING
+    )
+    assert summary(refused.actions) == (("status", "Ready", "ApplyFailed"),)
+    assert refused.status.last_good_revision == NEW  # every other field kept
+    assert refused.outcome == Outcome(
+        ReconcileResult.ERROR, "applying Service/demo failed: 422", TIMING.retry_delay_seconds
+    )
+
+
+def test_a_changed_last_good_record_is_not_trusted_and_a_rollback_says_so() -> None:
+    """The planner verifies the NAME-last-good ConfigMap against the status's record before using it."""
+    res = resource(on_failure="Rollback")
+    record = last_good_manifest(res, resource(OLD_IMAGE, on_failure="Rollback").spec, owner_uid="u")
+    current = stored(canary=OLD_PASS, last_good=OLD_RB)
+    trusted = plan.choose(res, current, record, ())
+    assert trusted.last_good == LAST_GOOD_OLD_RB and trusted.last_good_refused is None
+    edited = plan.choose(res, current.model_copy(update={"last_good_revision": "0123"}), record, ())
+    assert edited.last_good is None and edited.last_good_refused is not None
+    assert "changed after the canary proved it" in edited.last_good_refused
+    fresh = CanaryRun(run("Failed", P0, P1, revision=NEW_RB), blamed=(P1.name,))
+    snap = Snapshot(res, current, edited, observation(P0, P1), NOW, TIMING)
+    decided = plan.decide(snap, fresh)
+    assert summary(decided.actions) == (
+        ("status", "CanaryFailed", "CanaryFailed"),
+        ("event", "CanaryFailed", "Warning"),
+    )
+    ready = find(decided.status.conditions, READY)
+    assert ready is not None and "Rollback refused" in ready.message

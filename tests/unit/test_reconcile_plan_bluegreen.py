@@ -6,14 +6,15 @@ from typing import Any
 
 import pytest
 from tests.unit import test_reconcile_plan as base
-from tests.unit.test_reconcile_plan import MASTER, NOW, TIMING, serving_entry
+from tests.unit.test_reconcile_plan import MASTER, TIMING, labels, serving_entry, snapshot, summary
 
 from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing, MooncakeServingStatus, RolloutStatus, TrafficStatus
 from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile import plan
+from mooncake_operator.reconcile.actions import Decision, RemoveSets
 from mooncake_operator.reconcile.observe import LiveSet, MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, Inputs, Plan, SetChoice
+from mooncake_operator.reconcile.plan import CanaryRun, SetChoice
 from mooncake_operator.reconcile.revisions import LastGood
 
 pytestmark = pytest.mark.unit
@@ -218,27 +219,19 @@ def decide(
     sets: SetChoice,
     fresh: CanaryRun | None = None,
     last_good: LastGood | None = None,
-) -> Plan:
+) -> Decision:
     last_good = last_good or LastGood(OLD, resource(OLD_IMAGE).spec)
-    choice = plan.choose_revision(res, current, last_good)
-    inputs = Inputs(
-        resource=res,
-        current=current,
-        choice=choice,
-        observation=observation,
-        last_good=last_good,
-        now=NOW,
-        timing=TIMING,
-        fresh=fresh,
-        sets=sets,
-    )
-    return plan.plan(inputs)
+    return plan.decide(snapshot(res, current, observation, last_good, sets=sets), fresh)
 
 
 CANDIDATE = SetChoice("BlueGreen", GREEN, BLUE)
 
 
-def serving_pods(decision: Plan) -> set[str]:
+def removed(decision: Decision) -> tuple[str, ...]:
+    return next((a.names for a in decision.actions if isinstance(a, RemoveSets)), ())
+
+
+def serving_pods(decision: Decision) -> set[str]:
     assert decision.status.traffic is not None
     return {entry.name for entry in decision.status.traffic.pods if entry.serving}
 
@@ -247,8 +240,8 @@ def test_a_starting_candidate_leaves_the_serving_set_serving() -> None:
     decision = decide(resource(), SERVING_BLUE, observed((G0,), (B0, B1), ready=False), sets=CANDIDATE)
     assert decision.status.phase == "Deploying"
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert decision.traffic_labels == {}
-    assert decision.remove_sets == ()
+    assert labels(decision) == {}
+    assert removed(decision) == ()
     rollout = decision.status.rollout
     assert rollout is not None
     assert (rollout.serving_set, rollout.candidate_set, rollout.candidate_phase) == (BLUE, GREEN, "Deploying")
@@ -256,12 +249,12 @@ def test_a_starting_candidate_leaves_the_serving_set_serving() -> None:
 
 def test_the_canary_runs_against_the_candidates_pods_only() -> None:
     decision = decide(resource(), SERVING_BLUE, observed((G0, G1), (B0, B1)), sets=CANDIDATE)
-    assert decision.run_canary is not None
-    assert decision.run_canary.target.replica_pods == [G0.identity, G1.identity]
-    assert decision.run_canary.target.revision == NEW
+    assert decision.canary is not None
+    assert decision.canary.target.replica_pods == [G0.identity, G1.identity]
+    assert decision.canary.target.revision == NEW
     assert decision.status.rollout is not None and decision.status.rollout.candidate_phase == "Canary"
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert decision.traffic_labels == {}
+    assert labels(decision) == {}
 
 
 def test_a_pass_switches_the_client_service_then_removes_the_old_set() -> None:
@@ -269,14 +262,21 @@ def test_a_pass_switches_the_client_service_then_removes_the_old_set() -> None:
     decision = decide(resource(), SERVING_BLUE, observed((G0, G1), (B0, B1)), sets=CANDIDATE, fresh=fresh)
     assert decision.status.phase == "Ready"
     assert serving_pods(decision) == {G0.name, G1.name}
-    assert decision.traffic_labels == {G0.name: "on", G1.name: "on", B0.name: "off", B1.name: "off"}
+    assert labels(decision) == {G0.name: "on", G1.name: "on", B0.name: "off", B1.name: "off"}
     # The status names the new set as serving (written before the labels; the old set goes last).
     rollout = decision.status.rollout
     assert rollout is not None
     assert (rollout.serving_set, rollout.candidate_set, rollout.candidate_phase) == (GREEN, None, None)
     assert BLUE in rollout.message
-    assert decision.remove_sets == (BLUE,)
-    assert decision.record_last_good == resource().spec
+    assert removed(decision) == (BLUE,)
+    # The record, the status naming the new set, the labels (new pods on first), then the old set goes.
+    assert summary(decision.actions) == (
+        ("record", NEW),
+        ("status", "Ready", "Ready"),
+        ("event", "Ready", "Normal"),
+        ("traffic", {G0.name: "on", G1.name: "on", B0.name: "off", B1.name: "off"}),
+        ("remove", (BLUE,)),
+    )
     assert decision.outcome is not None and decision.outcome.result is ReconcileResult.READY
 
 
@@ -284,8 +284,8 @@ def test_a_pass_over_other_pods_than_the_candidates_does_not_switch() -> None:
     stale = run("Passed", pod(GREEN, 0), PodInfo(f"{GREEN}-1", "uid-replaced", True, False, "h", 0, "off"))
     current = status_serving(B0, B1, canary=stale)
     decision = decide(resource(), current, observed((G0, G1), (B0, B1)), sets=CANDIDATE)
-    assert decision.run_canary is not None  # the replaced pod must be proven first
-    assert decision.remove_sets == ()
+    assert decision.canary is not None  # the replaced pod must be proven first
+    assert removed(decision) == ()
     assert serving_pods(decision) == {B0.name, B1.name}
 
 
@@ -294,9 +294,9 @@ def test_a_failure_with_hold_keeps_both_sets_and_the_old_one_serving() -> None:
     decision = decide(resource(), SERVING_BLUE, observed((G0, G1), (B0, B1)), sets=CANDIDATE, fresh=fresh)
     assert decision.status.phase == "CanaryFailed"
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert decision.traffic_labels == {}
-    assert decision.remove_sets == ()
-    assert not decision.roll_back
+    assert labels(decision) == {}
+    assert removed(decision) == ()
+    assert decision.status.failed_revision is None
     rollout = decision.status.rollout
     assert rollout is not None
     assert (rollout.serving_set, rollout.candidate_set, rollout.candidate_phase) == (BLUE, GREEN, "Held")
@@ -307,10 +307,10 @@ def test_a_held_candidate_stays_held_on_later_passes() -> None:
     failed = run("Failed", G0, G1)
     current = status_serving(B0, B1, canary=failed)
     decision = decide(resource(), current, observed((G0, G1), (B0, B1)), sets=CANDIDATE)
-    assert decision.run_canary is None
+    assert decision.canary is None
     assert decision.status.rollout is not None and decision.status.rollout.candidate_phase == "Held"
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert decision.remove_sets == ()
+    assert removed(decision) == ()
 
 
 def test_a_failure_with_rollback_removes_the_candidate() -> None:
@@ -321,10 +321,14 @@ def test_a_failure_with_rollback_removes_the_candidate() -> None:
     decision = decide(
         res, current, observed((G0, G1), (B0, B1)), sets=CANDIDATE, fresh=fresh, last_good=last_good
     )
-    assert decision.roll_back
-    assert decision.remove_sets == (GREEN,)
+    assert decision.status.failed_revision == NEW_RB  # the next pass renders the last good spec
+    assert summary(decision.actions) == (
+        ("status", "Deploying", "RollingBack"),
+        ("event", "RollingBack", "Warning"),
+        ("remove", (GREEN,)),
+    )
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert decision.traffic_labels == {}
+    assert labels(decision) == {}
     rollout = decision.status.rollout
     assert rollout is not None
     assert (rollout.serving_set, rollout.candidate_set) == (BLUE, None)
@@ -342,8 +346,8 @@ def test_inconclusive_never_switches() -> None:
     decision = decide(resource(), SERVING_BLUE, observed((G0, G1), (B0, B1)), sets=CANDIDATE, fresh=fresh)
     assert decision.status.phase == "CanaryFailed"
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert decision.traffic_labels == {}
-    assert decision.remove_sets == ()
+    assert labels(decision) == {}
+    assert removed(decision) == ()
     rollout = decision.status.rollout
     assert rollout is not None and rollout.candidate_phase == "Inconclusive"
     assert decision.outcome is not None and decision.outcome.retry_after == TIMING.inconclusive_retry_seconds
@@ -352,18 +356,18 @@ def test_inconclusive_never_switches() -> None:
 def test_a_reverted_spec_removes_the_candidate_and_keeps_the_old_pods_serving() -> None:
     sets = SetChoice("BlueGreen", BLUE, remove=(GREEN,))
     decision = decide(resource(OLD_IMAGE), SERVING_BLUE, observed((B0, B1), (G0, G1)), sets=sets)
-    assert decision.remove_sets == (GREEN,)
+    assert removed(decision) == (GREEN,)
     assert serving_pods(decision) == {B0.name, B1.name}
-    assert {name: value for name, value in decision.traffic_labels.items() if value == "on"} == {}
+    assert {name: value for name, value in labels(decision).items() if value == "on"} == {}
 
 
 def test_without_a_canary_the_candidate_is_switched_to_once_ready() -> None:
     res = resource(enabled=False)
     waiting = decide(res, SERVING_BLUE, observed((G0,), (B0, B1), ready=False), sets=CANDIDATE)
-    assert serving_pods(waiting) == {B0.name, B1.name} and waiting.remove_sets == ()
+    assert serving_pods(waiting) == {B0.name, B1.name} and removed(waiting) == ()
     ready = decide(res, SERVING_BLUE, observed((G0, G1), (B0, B1)), sets=CANDIDATE)
     assert serving_pods(ready) == {G0.name, G1.name}
-    assert ready.remove_sets == (BLUE,)
+    assert removed(ready) == (BLUE,)
 
 
 def test_in_place_keeps_todays_status_shape() -> None:
@@ -371,14 +375,14 @@ def test_in_place_keeps_todays_status_shape() -> None:
     fresh = CanaryRun(run("Passed", B0, B1))
     decision = decide(res, SERVING_BLUE, observed((B0, B1)), sets=SetChoice("InPlace", BLUE), fresh=fresh)
     assert decision.status.rollout == RolloutStatus(strategy="InPlace", serving_set=BLUE)
-    assert decision.remove_sets == ()
+    assert removed(decision) == ()
 
 
 def test_a_serving_set_pod_replaced_mid_rollout_stays_out_and_says_why() -> None:
     replaced = PodInfo(f"{BLUE}-1", "uid-new", True, False, "h", 0, "on")
     decision = decide(resource(), SERVING_BLUE, observed((G0,), (B0, replaced), ready=False), sets=CANDIDATE)
     assert serving_pods(decision) == {B0.name}
-    assert decision.traffic_labels == {replaced.name: "off"}
+    assert labels(decision) == {replaced.name: "off"}
     assert decision.status.traffic is not None
     entry = next(e for e in decision.status.traffic.pods if e.uid == "uid-new")
     assert "not proven" in entry.reason and BLUE in entry.reason

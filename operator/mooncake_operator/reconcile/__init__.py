@@ -6,7 +6,7 @@ can be (children diffing, readiness, canary planning, status) and tested as such
 """
 
 from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.reconcile.actions import Outcome
 from mooncake_operator.reconcile.core import Runtime, reconcile
-from mooncake_operator.reconcile.plan import Outcome
 
 __all__ = ["Outcome", "ReconcileResult", "Runtime", "reconcile"]

@@ -1,9 +1,12 @@
-"""One reconcile of a MooncakeServing: validate -> render -> apply -> readiness -> canary -> status.
+"""One reconcile of a MooncakeServing: read -> choose what to render -> apply -> observe -> decide -> act.
 
 Level-based and kopf-free: each resource's worker (`reconcile.worker`) calls `reconcile`, which reads the
-resource, its children and pods from the watch cache (`reconcile.cache`), has `plan` decide, applies and
-writes what it decided, and returns an `Outcome` saying when to look again. Reconciles of one resource
-are serialized by a per-resource lock; canaries across resources by `--max-concurrent-canaries`.
+resource, its last good record and live replica sets from the watch cache (`reconcile.cache`), has `plan`
+choose what to render, applies it, observes the children (and asks highly available masters who leads,
+all at once), and hands that immutable snapshot to `plan.decide`. It carries out the actions decided, in
+their order; after a canary run, `plan.decide` runs again on the same snapshot with the run's result. It
+returns an `Outcome` saying when to look again. Reconciles of one resource are serialized by a
+per-resource lock; canaries across resources by `--max-concurrent-canaries`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,12 +26,13 @@ from mooncake_operator import api, canary_policy, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, MooncakeServingStatus
 from mooncake_operator.canary import run_canary
 from mooncake_operator.canary.models import CanaryResult, Verdict
-from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
+from mooncake_operator.master_health import MasterView
 from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
 from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import leader, plan, proof, status
+from mooncake_operator.reconcile import actions, leader, plan, proof, status
+from mooncake_operator.reconcile.actions import Decision, Outcome, PostEvent, RunCanary
 from mooncake_operator.reconcile.cache import MANAGED_SELECTOR, PDB_KIND, Wakes, WatchCache, WatchedKind
 from mooncake_operator.reconcile.children import (
     ApplyError,
@@ -37,9 +41,8 @@ from mooncake_operator.reconcile.children import (
     remove_replica_sets,
     scale_down_retired,
 )
-from mooncake_operator.reconcile.observe import Observation, observe, replica_sets
-from mooncake_operator.reconcile.plan import Outcome
-from mooncake_operator.reconcile.revisions import read_verified_last_good, write_last_good
+from mooncake_operator.reconcile.observe import observe, replica_sets
+from mooncake_operator.reconcile.revisions import config_map_name, write_last_good
 from mooncake_operator.reconcile.slots import CanarySlots
 from mooncake_operator.reconcile.traffic import set_traffic
 
@@ -191,15 +194,18 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
         body = await _read_fresh(runtime, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
         return Outcome(ReconcileResult.GONE, "the resource is gone or being deleted")
-    state = _StatusWriter(runtime, body)
+    actor = _Actor(runtime, body)
+    stored = parse_status(actor.wire)
+    now = runtime.clock()
     try:
         resource = api.parse_resource({**body, "status": None})
     except InvalidResourceError as error:
-        return await state.invalid(error.problems)
+        return await actor.finish(plan.invalid(stored, error.problems, generation=actor.generation, now=now))
     refused = runtime.settings.refused_options(resource.spec)
     if refused:
-        return await state.invalid(refused)
-    return await _Pass(runtime, body, resource, state).run()
+        return await actor.finish(plan.invalid(stored, refused, generation=actor.generation, now=now))
+    actor.resource = resource
+    return await _Pass(runtime, actor, stored, now).run()
 
 
 def owned_status(raw: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -215,11 +221,13 @@ def parse_status(raw: Mapping[str, Any]) -> MooncakeServingStatus:
         return MooncakeServingStatus()
 
 
-class _StatusWriter:
-    """Writes status only when it changed, and posts an event on every phase transition."""
+class _Actor:
+    """Carries out a decision's actions, in their order, on the resource as read (`body`). The status is
+    patched against the stored one (only what differs), with the resourceVersion it was read at."""
 
     def __init__(self, runtime: Runtime, body: Mapping[str, Any]) -> None:
         self.runtime = runtime
+        self.kube = runtime.kube
         self.body = body
         metadata = body.get("metadata") or {}
         self.namespace: str = metadata["namespace"]
@@ -227,17 +235,44 @@ class _StatusWriter:
         self.generation: int | None = metadata.get("generation")
         self.resource_version: str | None = metadata.get("resourceVersion")
         self.wire = owned_status(body.get("status"))
-        self.current = parse_status(self.wire)
-        self.now = runtime.clock()
+        self.resource: MooncakeServing | None = None  # once it parsed
 
-    async def write(self, standing: status.Standing, new: MooncakeServingStatus) -> None:
-        """Patch what differs from the stored status; `standing` is what `new` was built from."""
-        previous = self.current
+    async def carry_out(self, decision: Decision) -> None:
+        """Every action but the canary run (the pass runs it: it comes last)."""
+        for action in decision.actions:
+            match action:
+                case actions.PostEvent():
+                    await self.post_event(action)
+                case actions.RecordLastGood(spec=spec):
+                    assert self.resource is not None  # only a valid resource's pass records one
+                    await write_last_good(self.kube, self.resource, spec, owner_uid=self.owner_uid())
+                case actions.WriteStatus(status=new):
+                    await self.write_status(new)
+                case actions.SetTraffic(labels=labels):
+                    await set_traffic(self.kube, self.namespace, labels)
+                case actions.RemoveSets(names=names):
+                    logger.info("%s/%s removing replica sets %s", self.namespace, self.name, ", ".join(names))
+                    await remove_replica_sets(
+                        self.kube, self.runtime.cache, self.namespace, names, self.owner_uid()
+                    )
+                case actions.RunCanary():
+                    pass
+
+    async def finish(self, decision: Decision) -> Outcome:
+        """Carry out a decision that orders no canary run; its outcome."""
+        await self.carry_out(decision)
+        assert decision.outcome is not None  # set exactly when no run is ordered
+        return decision.outcome
+
+    def owner_uid(self) -> str:
+        return str(self.body["metadata"]["uid"])
+
+    async def write_status(self, new: MooncakeServingStatus) -> None:
         new_wire = status.without_empty_strings(new.to_wire())
         patch = status.merge_patch(self.wire, new_wire)
         if patch:
             # Computed against the status this reconcile read: refused (409) if the resource changed since.
-            written = await self.runtime.kube.patch_status(
+            written = await self.kube.patch_status(
                 api.API_VERSION,
                 api.KIND,
                 self.name,
@@ -247,100 +282,86 @@ class _StatusWriter:
                 resource_version=self.resource_version,
             )
             self.resource_version = (written.get("metadata") or {}).get("resourceVersion")
-        self.current, self.wire = new, new_wire
-        ready = find(new.conditions, READY)
+        self.wire = new_wire
         self.runtime.metrics.record_status(self.namespace, self.name, new)
-        if standing.phase != previous.phase or (
-            standing.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
-        ):
-            await self._event(standing, ready)
 
-    async def _event(self, standing: status.Standing, ready: api.Condition | None) -> None:
-        reason = ready.reason if ready else standing.phase
-        message = f"{standing.phase}: {ready.message}" if ready else standing.phase
-        logger.info("%s/%s %s", self.namespace, self.name, one_line(message))
-        await self.runtime.kube.create_event(
-            self.body, reason=reason, message=message, type=status.event_type(standing.phase, reason)
-        )
-
-    async def apply_failed(self, message: str, retry_after: float) -> Outcome:
-        """The API server refused a child: Ready says why; every other field is kept."""
-        standing = status.apply_failed(message, self.current.phase)
-        conditions = merge_conditions(
-            self.current.conditions,
-            standing.conditions,
-            now=proof.format_time(self.now),
-            generation=self.generation,
-        )
-        update = {"phase": standing.phase, "observed_generation": self.generation, "conditions": conditions}
-        await self.write(standing, self.current.model_copy(update=update))
-        return Outcome(ReconcileResult.ERROR, message, retry_after=retry_after)
-
-    async def invalid(self, problems: list[str]) -> Outcome:
-        """Nothing is applied; the status says why, field by field (every other field is kept)."""
-        standing = status.invalid(problems)
-        conditions = merge_conditions(
-            self.current.conditions,
-            standing.conditions,
-            now=proof.format_time(self.now),
-            generation=self.generation,
-        )
-        update = {"phase": standing.phase, "observed_generation": self.generation, "conditions": conditions}
-        await self.write(standing, self.current.model_copy(update=update))
-        return Outcome(ReconcileResult.INVALID, "; ".join(problems))
-
-
-def _ready_message(current: MooncakeServingStatus) -> str | None:
-    ready = find(current.conditions, READY)
-    return ready.message if ready else None
+    async def post_event(self, event: PostEvent) -> None:
+        logger.info("%s/%s %s", self.namespace, self.name, one_line(event.message))
+        await self.kube.create_event(self.body, reason=event.reason, message=event.message, type=event.type)
 
 
 class _Pass:
-    """One reconcile of a valid resource: reads, applies and writes what `plan` decides."""
+    """One reconcile of a valid resource: read, choose what to render, apply it, observe, then carry out
+    what the planner decides from that snapshot (and again after a canary run)."""
 
-    def __init__(
-        self, runtime: Runtime, body: Mapping[str, Any], resource: MooncakeServing, state: _StatusWriter
-    ) -> None:
+    def __init__(self, runtime: Runtime, actor: _Actor, stored: MooncakeServingStatus, now: datetime) -> None:
+        assert actor.resource is not None  # a valid resource
+        resource = actor.resource
         self.runtime = runtime
         self.settings = runtime.settings
         self.kube = runtime.kube
+        self.actor = actor
         self.resource = resource
-        self.state = state
-        self.uid: str = body["metadata"]["uid"]
+        self.stored = stored
+        self.now = now
         self.namespace = resource.metadata.namespace
-        self.high_availability = state.current.high_availability
         self.timing = plan.Timing(
             retry_delay_seconds=self.settings.retry_delay_seconds,
             inconclusive_retry_seconds=self.settings.inconclusive_retry_seconds,
         )
 
     async def run(self) -> Outcome:
-        last_good, refused = read_verified_last_good(
-            self.runtime.cache, self.resource, self.state.current.last_good_revision
+        cache = self.runtime.cache
+        record = cache.get("v1", "ConfigMap", self.namespace, config_map_name(self.resource.metadata.name))
+        rendering = plan.choose(self.resource, self.stored, record, replica_sets(cache, self.resource))
+        refused = await self.apply(rendering)
+        if refused is not None:
+            return await self.actor.finish(refused)
+        # After the apply: what was just written (a new template: rollout not yet observed) is seen.
+        serving = rendering.serving
+        snapshot = plan.Snapshot(
+            resource=self.resource,
+            status=self.stored,
+            rendering=rendering,
+            observation=observe(cache, serving, rendering.sets.active),
+            now=self.now,
+            timing=self.timing,
+            master_views=await self.ask_masters(serving),
         )
-        choice = plan.choose_revision(self.resource, self.state.current, last_good)
-        serving = self.resource.model_copy(update={"spec": choice.spec})
-        live = replica_sets(self.runtime.cache, self.resource)
-        sets = plan.choose_sets(self.resource, self.state.current, live, render.replica_template_id(serving))
-        policy = await self.runtime.policy_api_version()
+        decision = plan.decide(snapshot)
+        order = decision.canary
+        if order is None:
+            return await self.actor.finish(decision)
+        await self.actor.carry_out(decision)
+        fresh = await self.run_canary(serving, rendering.sets.active, order)
+        return await self.actor.finish(plan.decide(snapshot, fresh, now=self.runtime.clock()))
+
+    async def apply(self, rendering: plan.Rendering) -> Decision | None:
+        """Apply the children (rendered from `rendering`); the decision to write when the API server
+        refuses one or a change cannot be made, else None."""
+        serving = rendering.serving
         manifests = render.render_all(
             serving,
-            owner_uid=self.uid,
-            policy_api_version=policy,
-            replica_set=sets.active,
+            owner_uid=self.actor.owner_uid(),
+            policy_api_version=await self.runtime.policy_api_version(),
+            replica_set=rendering.sets.active,
             operator_namespace=self.settings.operator_namespace,
             open_http_by_default=self.settings.open_http_by_default,
+            template=rendering.template,
         )
+        generation = self.actor.generation
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
         except ImmutableChangeError as error:
-            return await self.state.invalid(error.problems)
+            return plan.invalid(self.stored, error.problems, generation=generation, now=self.now)
         except ApplyError as error:
-            self.runtime.metrics.apply_failed(
-                self.namespace, self.resource.metadata.name, error.kind, error.error.status
+            name = self.resource.metadata.name
+            self.runtime.metrics.apply_failed(self.namespace, name, error.kind, error.error.status)
+            logger.warning("%s/%s: %s", self.namespace, name, error)
+            message = str(error)
+            return plan.apply_failed(
+                self.stored, message, generation=generation, now=self.now, timing=self.timing
             )
-            logger.warning("%s/%s: %s", self.namespace, self.resource.metadata.name, error)
-            return await self.state.apply_failed(str(error), self.settings.retry_delay_seconds)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
@@ -348,71 +369,16 @@ class _Pass:
             await scale_down_retired(
                 self.kube, self.runtime.cache, self.namespace, render.retired_workloads(serving)
             )
-        observation = await self.observe_leader(serving, observe(self.runtime.cache, serving, sets.active))
-        inputs = plan.Inputs(
-            resource=self.resource,
-            current=self.state.current,
-            choice=choice,
-            observation=observation,
-            last_good=last_good,
-            now=self.state.now,
-            timing=self.timing,
-            high_availability=self.high_availability,
-            last_good_refused=refused,
-            sets=sets,
-        )
-        decision = plan.plan(inputs)
-        await self.execute(decision)
-        if decision.run_canary is not None:
-            logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, decision.run_canary.why)
-            fresh = await self.run_canary(serving, sets.active, decision.run_canary.target)
-            logger.info(
-                "%s/%s canary %s: %s",
-                self.namespace,
-                serving.metadata.name,
-                fresh.canary.verdict,
-                one_line(fresh.canary.reason),
-            )
-            now = self.runtime.clock()
-            decision = plan.plan(replace(inputs, current=self.state.current, now=now, fresh=fresh))
-            await self.execute(decision)
-        assert decision.outcome is not None  # a plan that follows a run orders no other run
-        return decision.outcome
+        return None
 
-    async def observe_leader(self, serving: MooncakeServing, observation: Observation) -> Observation:
-        """Highly available masters: the leader from the masters' own view; an event on a failover."""
+    async def ask_masters(self, serving: MooncakeServing) -> tuple[MasterView | None, ...] | None:
+        """Highly available masters: each one's own view (`/health`), all asked at once; None otherwise.
+        The master-endpoint override replaces the masters' addresses."""
+        if not render.ha_enabled(serving):
+            return None
         urls = self.settings.master_endpoints_for(self.namespace, serving.metadata.name)
-        found = await leader.observe_leader(self.runtime.http, serving, observation, urls)
-        if found is None:
-            self.high_availability = None
-            return observation
-        now = proof.format_time(self.state.now)
-        self.high_availability, failover = leader.track(self.high_availability, found, now=now)
-        if failover is not None:
-            logger.info("%s/%s %s", self.namespace, serving.metadata.name, failover)
-            await self.kube.create_event(
-                self.state.body, reason="MasterFailover", message=failover, type="Warning"
-            )
-        return found.observation
-
-    async def execute(self, decision: plan.Plan) -> None:
-        """Record the last good revision, write the status, set the traffic labels, then delete the sets
-        the plan retires: a status write that fails leaves every label and set as it was, and an old set
-        goes only once its successor's pods are in the client Service."""
-        if decision.record_last_good is not None:
-            await write_last_good(self.kube, self.resource, decision.record_last_good, owner_uid=self.uid)
-        await self.state.write(decision.standing, decision.status)
-        await set_traffic(self.kube, self.namespace, decision.traffic_labels)
-        if decision.remove_sets:
-            logger.info(
-                "%s/%s removing replica sets %s",
-                self.namespace,
-                self.resource.metadata.name,
-                ", ".join(decision.remove_sets),
-            )
-            await remove_replica_sets(
-                self.kube, self.runtime.cache, self.namespace, decision.remove_sets, self.uid
-            )
+        found = list(urls) if urls is not None else render.master_pod_urls(serving)
+        return tuple(await leader.master_views(self.runtime.http, found))
 
     def replica_urls(self, serving: MooncakeServing, replica_set: str) -> list[str] | str:
         """The canary's URLs, or why there are none to use. Mapped URLs (an operator outside the
@@ -430,9 +396,23 @@ class _Pass:
         return list(mapped)
 
     async def run_canary(
-        self, serving: MooncakeServing, replica_set: str, target: api.CanaryTarget
+        self, serving: MooncakeServing, replica_set: str, order: RunCanary
     ) -> plan.CanaryRun:
         """Run it against the set's pods; returns the status evidence and the pods a failure blames."""
+        logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, order.why)
+        fresh = await self._run_canary(serving, replica_set, order.target)
+        logger.info(
+            "%s/%s canary %s: %s",
+            self.namespace,
+            serving.metadata.name,
+            fresh.canary.verdict,
+            one_line(fresh.canary.reason),
+        )
+        return fresh
+
+    async def _run_canary(
+        self, serving: MooncakeServing, replica_set: str, target: api.CanaryTarget
+    ) -> plan.CanaryRun:
         pod_names = render.replica_pod_names(serving, replica_set)
         urls = self.replica_urls(serving, replica_set)
         if isinstance(urls, str):
@@ -467,7 +447,7 @@ class _Pass:
         if benign is not None:
             # A pass over a divergence is never silent: the status holds it per pair, this says so.
             await self.kube.create_event(
-                self.state.body, reason="CanaryBenignDivergence", message=benign, type="Normal"
+                self.actor.body, reason="CanaryBenignDivergence", message=benign, type="Normal"
             )
         blamed = proof.blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
         return plan.CanaryRun(canary, tuple(blamed))

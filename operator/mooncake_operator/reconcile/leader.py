@@ -5,7 +5,7 @@ master-endpoint override) and takes as leader the pod that says it leads and ser
 the leader from pod readiness: a standby is Ready too. The master condition is True while a leader
 serves; the leader's pod becomes `Observation.master.pod`, and the leader's name goes into the canary's
 target, so a failover makes the canary due (`proof.canary_due`). `track` counts failovers for the status
-and words the event.
+and words the event. The reconcile asks (`master_views`); the planner decides (`decide`, `track`).
 """
 
 from __future__ import annotations
@@ -96,16 +96,6 @@ def decide(
         why = f"no master leads yet ({', '.join(roles)})"
     master = MasterState(False, f"{why}; {rollout}", None, observation.master.pods)
     return Leadership(replace(observation, master=master), None, None)
-
-
-async def observe_leader(
-    http: httpx.AsyncClient, resource: MooncakeServing, observation: Observation, urls: Sequence[str] | None
-) -> Leadership | None:
-    """None unless the resource runs highly available masters; `urls` overrides the masters' addresses."""
-    if not render.ha_enabled(resource):
-        return None
-    views = await master_views(http, list(urls) if urls is not None else render.master_pod_urls(resource))
-    return decide(resource, observation, views)
 
 
 def track(

@@ -1,11 +1,15 @@
 """The reconcile's decisions, as pure functions: what to render, what the status says, who serves users,
-whether a canary runs, whether to record the last good revision or roll back, when to try again.
+whether a canary runs, who leads the masters, whether to record the last good revision or roll back,
+when to try again.
 
-`core` reads (the resource, the last good record, the children), asks `choose_revision` what to render,
-applies it, observes, asks `plan` what to do, and does it: record the last good revision, write the
-status, then set the traffic labels (in that order: a status write that fails leaves every label as it
-was, so it can never put a held replica back in traffic). When the plan orders a canary, `core` runs it
-and asks `plan` again with the fresh run.
+A pass reads the resource, its stored status, the last good record and the live replica sets; `choose`
+decides what to render from them (the revision, its replica pod template and the set it goes into).
+`core` applies that, observes the children and asks the masters who leads, and hands the whole
+`Snapshot` to `decide`, which returns the actions (`reconcile.actions`) in the order `core` carries them
+out: record the last good revision, write the status, then set the traffic labels (a status write that
+fails leaves every label as it was, so it can never put a held replica back in traffic). When the
+decision ends with a canary run, `core` runs it and calls `decide` again on the same snapshot with the
+run's result.
 
 Traffic (the client Service selects `traffic: on`): a replica pod starts `off` (pod template) and serves
 only after a passing canary covered it at its current revision: the run's target lists it as `name=uid`,
@@ -28,6 +32,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from mooncake_operator import api, render
 from mooncake_operator.api import (
@@ -44,19 +49,23 @@ from mooncake_operator.api import (
     RolloutStrategy,
     TrafficStatus,
 )
-from mooncake_operator.conditions import READY, merge_conditions
+from mooncake_operator.conditions import READY, find, merge_conditions
+from mooncake_operator.master_health import MasterView
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile import proof, status
+from mooncake_operator.reconcile import leader, proof, status
+from mooncake_operator.reconcile.actions import (
+    Action,
+    Decision,
+    Outcome,
+    PostEvent,
+    RecordLastGood,
+    RemoveSets,
+    RunCanary,
+    SetTraffic,
+    WriteStatus,
+)
 from mooncake_operator.reconcile.observe import LiveSet, Observation, PodInfo, in_set
-from mooncake_operator.reconcile.revisions import LastGood
-
-
-@dataclass(frozen=True)
-class Outcome:
-    result: ReconcileResult
-    message: str = ""
-    # Set when the change handler should try again (kopf.TemporaryError); None: done until the next change.
-    retry_after: float | None = None
+from mooncake_operator.reconcile.revisions import LastGood, verified_last_good
 
 
 @dataclass(frozen=True)
@@ -73,14 +82,6 @@ class CanaryRun:
 
     canary: CanaryStatus
     blamed: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class CanaryOrder:
-    """Run the canary against `target` (the replicas as observed now)."""
-
-    target: CanaryTarget
-    why: str
 
 
 @dataclass(frozen=True)
@@ -105,32 +106,57 @@ class Timing:
 
 
 @dataclass(frozen=True)
-class Inputs:
-    resource: MooncakeServing
-    current: MooncakeServingStatus  # the stored status (what the last pass wrote)
+class Rendering:
+    """What the children are rendered from (decided by `choose` before anything is applied): the
+    verified last good record, the chosen revision, the resource with its spec (`serving`), the replica
+    pod template it renders (rendered once per pass) and the set it goes into."""
+
     choice: RevisionChoice
-    observation: Observation
-    last_good: LastGood | None  # the NAME-last-good record as read
-    now: datetime
-    timing: Timing
-    fresh: CanaryRun | None = None  # a run that finished in this pass
-    high_availability: HighAvailabilityStatus | None = None  # the masters' leader, as tracked this pass
+    serving: MooncakeServing
+    template: render.ReplicaTemplate
+    sets: SetChoice
+    last_good: LastGood | None = None  # the NAME-last-good record, when trusted
     last_good_refused: str | None = None  # why the stored last good record was not trusted
-    sets: SetChoice | None = None  # None: InPlace into NAME-replica (no other set exists)
 
 
 @dataclass(frozen=True)
-class Plan:
+class Snapshot:
+    """Everything one pass decides from, read once: the resource, its stored status, what is rendered,
+    the children as observed after the apply (the masters' state before asking who leads), and the
+    highly available masters' own answers (None: a single master, no leader to find)."""
+
+    resource: MooncakeServing
+    status: MooncakeServingStatus  # the stored status (what the last pass wrote)
+    rendering: Rendering
+    observation: Observation
+    now: datetime
+    timing: Timing
+    master_views: tuple[MasterView | None, ...] | None = None  # by master ordinal
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    resource: MooncakeServing
+    current: MooncakeServingStatus  # the status before this decision (stored, or written before the run)
+    choice: RevisionChoice
+    observation: Observation  # its master state decided by the leader, with highly available masters
+    last_good: LastGood | None
+    now: datetime
+    timing: Timing
+    sets: SetChoice
+    fresh: CanaryRun | None = None  # a run that finished in this pass
+    high_availability: HighAvailabilityStatus | None = None  # the masters' leader, as tracked this pass
+    last_good_refused: str | None = None
+
+
+@dataclass(frozen=True)
+class _Plan:
     standing: status.Standing  # phase and conditions (events are posted on phase transitions)
     status: MooncakeServingStatus  # the whole next status
     traffic_labels: dict[str, str]  # pod name -> traffic label value, only pods whose label must change
     outcome: Outcome | None  # None exactly when a canary is ordered
-    run_canary: CanaryOrder | None = None  # write the status, set labels, run it, then plan again
-    record_last_good: MooncakeServingSpec | None = None  # store it as NAME-last-good before the status
-    # The spec's revision failed: the status records it as failed, and the next pass renders the last good.
-    roll_back: bool = False
-    # Replica StatefulSets to delete, after the status and the labels (an old set after a BlueGreen switch,
-    # a candidate the spec no longer asks for or that failed with Rollback).
+    run_canary: RunCanary | None = None
+    record_last_good: MooncakeServingSpec | None = None
     remove_sets: tuple[str, ...] = ()
 
 
@@ -375,15 +401,10 @@ def label_changes(observation: Observation, traffic: TrafficStatus) -> dict[str,
 # --- the plan -----------------------------------------------------------------------------------------
 
 
-def set_choice(inputs: Inputs) -> SetChoice:
-    resource = inputs.resource
-    return inputs.sets or SetChoice(resource.spec.rollout_strategy, render.replica_set_name(resource))
-
-
-def canary_target(inputs: Inputs) -> CanaryTarget:
+def canary_target(inputs: _Inputs) -> CanaryTarget:
     serving = inputs.resource.model_copy(update={"spec": inputs.choice.spec})
     by_name = {pod.name: pod for pod in inputs.observation.replicas.pods}
-    names = render.replica_pod_names(serving, set_choice(inputs).active)
+    names = render.replica_pod_names(serving, inputs.sets.active)
     master = inputs.observation.master.pod
     return proof.current_target(
         revision=inputs.choice.revisions.serving,
@@ -405,7 +426,7 @@ def _passed_at(canary: CanaryStatus | None, revision: str) -> bool:
     )
 
 
-def _must_roll_back(inputs: Inputs, revisions: status.Revisions, canary: CanaryStatus | None) -> bool:
+def _must_roll_back(inputs: _Inputs, revisions: status.Revisions, canary: CanaryStatus | None) -> bool:
     """The spec's own revision failed, Rollback is asked for, and a different good revision is stored."""
     failed_here = (
         canary is not None
@@ -423,7 +444,7 @@ def _must_roll_back(inputs: Inputs, revisions: status.Revisions, canary: CanaryS
 
 
 def _next_status(
-    inputs: Inputs,
+    inputs: _Inputs,
     standing: status.Standing,
     revisions: status.Revisions,
     canary: CanaryStatus | None,
@@ -537,13 +558,13 @@ def _settled_outcome(
     return Outcome(ReconcileResult.CANARY_FAILED, message)
 
 
-def plan(inputs: Inputs) -> Plan:
+def _plan(inputs: _Inputs) -> _Plan:
     """What this pass does, from what was read and observed (and the run that just finished, if any)."""
     spec = inputs.resource.spec
     enabled = spec.canary.enabled
     revisions = inputs.choice.revisions
     observation = inputs.observation
-    sets = set_choice(inputs)
+    sets = inputs.sets
     canary = inputs.fresh.canary if inputs.fresh is not None else inputs.current.canary
     held = next_held(inputs.current, inputs.fresh, enabled=enabled)
 
@@ -551,12 +572,12 @@ def plan(inputs: Inputs) -> Plan:
         standing: status.Standing,
         outcome: Outcome | None,
         *,
-        run_canary: CanaryOrder | None = None,
+        run_canary: RunCanary | None = None,
         record_last_good: MooncakeServingSpec | None = None,
         roll_back: bool = False,
         phase: CandidatePhase | None = None,
         switched: bool = False,
-    ) -> Plan:
+    ) -> _Plan:
         traffic = next_traffic(
             inputs.current,
             observation,
@@ -575,9 +596,7 @@ def plan(inputs: Inputs) -> Plan:
             removed += (sets.candidate,)
         next_status = _next_status(inputs, standing, revisions, canary, held, traffic, rollout)
         labels = label_changes(observation, traffic)
-        return Plan(
-            standing, next_status, labels, outcome, run_canary, record_last_good, roll_back, tuple(removed)
-        )
+        return _Plan(standing, next_status, labels, outcome, run_canary, record_last_good, tuple(removed))
 
     if inputs.fresh is None and not observation.ready:
         standing = status.not_ready(observation, revisions, canary, enabled=enabled)
@@ -602,7 +621,7 @@ def plan(inputs: Inputs) -> Plan:
         )
         if why is not None:
             standing = status.canary_running(observation, revisions, why)
-            return planned(standing, None, run_canary=CanaryOrder(target, why), phase="Canary")
+            return planned(standing, None, run_canary=RunCanary(target, why), phase="Canary")
     if _must_roll_back(inputs, revisions, canary):
         assert canary is not None  # checked by _must_roll_back
         standing = status.rolling_back(observation, revisions, canary)
@@ -633,3 +652,136 @@ def plan(inputs: Inputs) -> Plan:
     standing = status.settled(observation, revisions, canary, enabled=True, on_failure=spec.canary.on_failure)
     outcome = _settled_outcome(standing, canary, revisions, inputs.timing)
     return planned(standing, outcome, record_last_good=record, phase=phase, switched=switched)
+
+
+# --- one pass: choose what to render, then decide from the snapshot --------------------------------------
+
+
+def rendering(
+    resource: MooncakeServing,
+    current: MooncakeServingStatus,
+    last_good: LastGood | None,
+    live: Sequence[LiveSet],
+    *,
+    last_good_refused: str | None = None,
+) -> Rendering:
+    """The revision to render, its replica pod template (rendered here, once) and the set it goes into."""
+    choice = choose_revision(resource, current, last_good)
+    serving = resource.model_copy(update={"spec": choice.spec})
+    template = render.ReplicaTemplate.of(serving)
+    sets = choose_sets(resource, current, live, template.id)
+    return Rendering(choice, serving, template, sets, last_good, last_good_refused)
+
+
+def choose(
+    resource: MooncakeServing,
+    current: MooncakeServingStatus,
+    last_good_record: dict[str, Any] | None,
+    live: Sequence[LiveSet],
+) -> Rendering:
+    """What to render, from what the pass read: the NAME-last-good ConfigMap is trusted only when it holds
+    the revision the status recorded (`revisions.verified_last_good`)."""
+    last_good, refused = verified_last_good(last_good_record, current.last_good_revision)
+    return rendering(resource, current, last_good, live, last_good_refused=refused)
+
+
+def _leadership(
+    snapshot: Snapshot,
+) -> tuple[Observation, HighAvailabilityStatus | None, PostEvent | None]:
+    """With highly available masters: the observation with the leader the masters name, the status's
+    leader record, and the failover event when the leader changed."""
+    if snapshot.master_views is None:
+        return snapshot.observation, None, None
+    found = leader.decide(snapshot.rendering.serving, snapshot.observation, snapshot.master_views)
+    tracked, failover = leader.track(
+        snapshot.status.high_availability, found, now=proof.format_time(snapshot.now)
+    )
+    event = PostEvent("MasterFailover", failover, "Warning") if failover is not None else None
+    return found.observation, tracked, event
+
+
+def decide(snapshot: Snapshot, fresh: CanaryRun | None = None, *, now: datetime | None = None) -> Decision:
+    """What this pass does, from its snapshot; with `fresh` (the canary run the first decision ordered,
+    finished at `now`), what it does after the run, against the status the first decision wrote."""
+    observation, high_availability, failover = _leadership(snapshot)
+    rendered = snapshot.rendering
+    inputs = _Inputs(
+        resource=snapshot.resource,
+        current=snapshot.status,
+        choice=rendered.choice,
+        observation=observation,
+        last_good=rendered.last_good,
+        now=snapshot.now,
+        timing=snapshot.timing,
+        sets=rendered.sets,
+        high_availability=high_availability,
+        last_good_refused=rendered.last_good_refused,
+    )
+    first = _plan(inputs)
+    if fresh is None:
+        return _decision(snapshot.status, first, () if failover is None else (failover,))
+    after = _plan(dataclasses.replace(inputs, current=first.status, now=now or snapshot.now, fresh=fresh))
+    return _decision(first.status, after, ())
+
+
+def _decision(previous: MooncakeServingStatus, planned: _Plan, first: tuple[Action, ...]) -> Decision:
+    actions = list(first)
+    if planned.record_last_good is not None:
+        actions.append(RecordLastGood(planned.record_last_good))
+    actions += _status_actions(previous, planned.standing, planned.status)
+    if planned.traffic_labels:
+        actions.append(SetTraffic(planned.traffic_labels))
+    if planned.remove_sets:
+        actions.append(RemoveSets(planned.remove_sets))
+    if planned.run_canary is not None:
+        actions.append(planned.run_canary)
+    return Decision(tuple(actions), planned.outcome)
+
+
+def _ready_message(current: MooncakeServingStatus) -> str | None:
+    ready = find(current.conditions, READY)
+    return ready.message if ready else None
+
+
+def _status_actions(
+    previous: MooncakeServingStatus, standing: status.Standing, new: MooncakeServingStatus
+) -> list[Action]:
+    """Write `new` (built from `standing`); an event on every phase transition, and for an invalid spec
+    on every change of what is wrong."""
+    actions: list[Action] = [WriteStatus(new)]
+    if standing.phase != previous.phase or (
+        standing.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
+    ):
+        ready = find(new.conditions, READY)
+        reason = ready.reason if ready else standing.phase
+        message = f"{standing.phase}: {ready.message}" if ready else standing.phase
+        actions.append(PostEvent(reason, message, status.event_type(standing.phase, reason)))
+    return actions
+
+
+def _not_reconciled(
+    current: MooncakeServingStatus, standing: status.Standing, *, generation: int | None, now: datetime
+) -> list[Action]:
+    """`standing` written over the stored status, every other field kept."""
+    conditions = merge_conditions(
+        current.conditions, standing.conditions, now=proof.format_time(now), generation=generation
+    )
+    update = {"phase": standing.phase, "observed_generation": generation, "conditions": conditions}
+    return _status_actions(current, standing, current.model_copy(update=update))
+
+
+def invalid(
+    current: MooncakeServingStatus, problems: list[str], *, generation: int | None, now: datetime
+) -> Decision:
+    """Nothing is applied; the status says why, field by field; no retry until the resource changes."""
+    actions = _not_reconciled(current, status.invalid(problems), generation=generation, now=now)
+    return Decision(tuple(actions), Outcome(ReconcileResult.INVALID, "; ".join(problems)))
+
+
+def apply_failed(
+    current: MooncakeServingStatus, message: str, *, generation: int | None, now: datetime, timing: Timing
+) -> Decision:
+    """The API server refused a child: Ready says why, retried soon."""
+    standing = status.apply_failed(message, current.phase)
+    actions = _not_reconciled(current, standing, generation=generation, now=now)
+    return Decision(tuple(actions), Outcome(ReconcileResult.ERROR, message, timing.retry_delay_seconds))

@@ -90,15 +90,6 @@ def verified_last_good(
     return stored, None
 
 
-def read_verified_last_good(
-    cache: WatchCache, resource: MooncakeServing, recorded: str | None
-) -> tuple[LastGood | None, str | None]:
-    config_map = cache.get(
-        "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)
-    )
-    return verified_last_good(config_map, recorded)
-
-
 def read_last_good(cache: WatchCache, resource: MooncakeServing) -> LastGood | None:
     config_map = cache.get(
         "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)

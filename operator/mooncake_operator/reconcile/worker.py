@@ -24,8 +24,8 @@ from typing import Any, Final, Protocol, TypeVar
 from mooncake_operator import api
 from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile import proof
+from mooncake_operator.reconcile.actions import Outcome
 from mooncake_operator.reconcile.core import Runtime, reconcile
-from mooncake_operator.reconcile.plan import Outcome
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 
