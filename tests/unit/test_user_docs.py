@@ -40,11 +40,15 @@ def table_rows(body: str) -> dict[str, list[str]]:
 
 
 def posted_events(package: Path) -> list[tuple[str, str, str]]:
-    """(file, reason, type) of every `create_event(...)` call whose reason and type are literals."""
+    """(file, reason, type) of every `create_event(...)` call, and every event the planner orders
+    (`PostEvent(...)`), whose reason and type are literals."""
     events = []
     for path in sorted(package.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "create_event"):
+            if not isinstance(node, ast.Call):
+                continue
+            called = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if called not in ("create_event", "PostEvent"):
                 continue
             keywords = {keyword.arg: keyword.value for keyword in node.keywords}
             reason, type_ = keywords.get("reason"), keywords.get("type")
@@ -90,6 +94,10 @@ def test_every_posted_event_is_in_the_events_table_with_its_type() -> None:
 def test_the_event_scan_finds_a_new_warning(tmp_path: Path) -> None:
     (tmp_path / "fire.py").write_text(
         'async def f(kube, body):\n    await kube.create_event(body, reason="StoreOnFire", type="Warning")\n'
+    )
+    assert posted_events(tmp_path) == [("fire.py", "StoreOnFire", "Warning")]
+    (tmp_path / "fire.py").write_text(
+        'EVENT = PostEvent(reason="StoreOnFire", message="m", type="Warning")\n'
     )
     assert posted_events(tmp_path) == [("fire.py", "StoreOnFire", "Warning")]
 

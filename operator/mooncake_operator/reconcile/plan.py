@@ -696,7 +696,7 @@ def _leadership(
     tracked, failover = leader.track(
         snapshot.status.high_availability, found, now=proof.format_time(snapshot.now)
     )
-    event = PostEvent("MasterFailover", failover, "Warning") if failover is not None else None
+    event = None if failover is None else PostEvent(reason="MasterFailover", message=failover, type="Warning")
     return found.observation, tracked, event
 
 
