@@ -4,13 +4,14 @@ traffic only after a canary covered it, like any rollout; the replicas already p
 from __future__ import annotations
 
 import pytest
-from tests.unit.test_reconcile_plan import MASTER, NOW, TIMING, pod, run, stored
+from tests.unit.test_reconcile_plan import MASTER, labels, pod, run, snapshot, stored, summary
 
 from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing
 from mooncake_operator.reconcile import plan
+from mooncake_operator.reconcile.actions import Decision
 from mooncake_operator.reconcile.observe import MasterState, Observation, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, Inputs, Plan
+from mooncake_operator.reconcile.plan import CanaryRun
 from mooncake_operator.reconcile.revisions import LastGood
 
 pytestmark = pytest.mark.unit
@@ -38,27 +39,24 @@ AT_TWO, AT_THREE = render.spec_hash(TWO.spec), render.spec_hash(THREE.spec)
 P0, P1, P2 = pod(0, traffic="on"), pod(1, traffic="on"), pod(2)
 
 
-def decide(fresh: CanaryRun | None) -> Plan:
+def decide(fresh: CanaryRun | None) -> Decision:
     current = stored(P0, P1, canary=run("Passed", P0, P1, revision=AT_TWO, run_id="run-1"), last_good=AT_TWO)
     replicas = ReplicaState(3, 3, True, "3/3 ready", (P0, P1, P2))
-    inputs = Inputs(
-        resource=THREE,
-        current=current,
-        choice=plan.choose_revision(THREE, current, LastGood(AT_TWO, TWO.spec)),
-        observation=Observation(MasterState(True, "master ready", MASTER), replicas),
-        last_good=LastGood(AT_TWO, TWO.spec),
-        now=NOW,
-        timing=TIMING,
-        fresh=fresh,
-    )
-    return plan.plan(inputs)
+    observed = Observation(MasterState(True, "master ready", MASTER), replicas)
+    return plan.decide(snapshot(THREE, current, observed, LastGood(AT_TWO, TWO.spec)), fresh)
 
 
 def test_a_new_replica_waits_for_a_canary_and_the_proven_ones_keep_serving() -> None:
     before = decide(fresh=None)
-    assert before.run_canary is not None, "scaling up must order a canary that covers the new replica"
+    assert before.canary is not None, "scaling up must order a canary that covers the new replica"
+    assert before.canary.target.replica_pods == [P0.identity, P1.identity, P2.identity]
     assert before.status.phase == "Canary"
-    assert P2.name not in before.traffic_labels  # it started off and stays off
+    assert P2.name not in labels(before)  # it started off and stays off
+    assert summary(before.actions) == (
+        ("status", "Canary", "CanaryRunning"),
+        ("event", "CanaryRunning", "Normal"),
+        ("canary", AT_THREE),
+    )
     serving = (
         {entry.name for entry in before.status.traffic.pods if entry.serving}
         if before.status.traffic
@@ -70,6 +68,12 @@ def test_a_new_replica_waits_for_a_canary_and_the_proven_ones_keep_serving() -> 
 
 def test_the_canary_covering_the_new_replica_puts_it_in_traffic() -> None:
     after = decide(fresh=CanaryRun(run("Passed", P0, P1, P2, revision=AT_THREE, run_id="run-2")))
-    assert after.traffic_labels == {P2.name: render.TRAFFIC_ON}
+    assert labels(after) == {P2.name: render.TRAFFIC_ON}
+    assert summary(after.actions) == (
+        ("record", AT_THREE),
+        ("status", "Ready", "Ready"),
+        ("event", "Ready", "Normal"),
+        ("traffic", {P2.name: render.TRAFFIC_ON}),
+    )
     assert after.status.phase == "Ready"
     assert after.status.traffic is not None and after.status.traffic.serving == 3
