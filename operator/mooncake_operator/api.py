@@ -51,11 +51,11 @@ PLURAL = "mooncakeservings"
 SINGULAR = "mooncakeserving"
 SHORT_NAMES = ("mcs",)
 # Names the operator writes into objects, so users and tests can rely on them: the field manager of every
-# server-side apply, the finalizer kopf keeps on a resource, the prefix of kopf's own annotations, and the
-# annotation a user sets to any new value to re-run the canary (after a rollback: to retry the spec).
+# server-side apply, and the annotation a user sets to any new value to re-run the canary (after a
+# rollback: to retry the spec). An older operator put LEGACY_FINALIZER on every resource; this one
+# removes it (kopf does, as no handler needs a finalizer).
 FIELD_MANAGER = "mooncake-operator"
-FINALIZER = f"{GROUP}/finalizer"
-ANNOTATION_PREFIX = GROUP
+LEGACY_FINALIZER = f"{GROUP}/finalizer"
 RERUN_CANARY_ANNOTATION = f"{GROUP}/rerun-canary"
 
 GPU_RESOURCE = "nvidia.com/gpu"
