@@ -99,13 +99,6 @@ def read_verified_last_good(
     return verified_last_good(config_map, recorded)
 
 
-def read_last_good(cache: WatchCache, resource: MooncakeServing) -> LastGood | None:
-    config_map = cache.get(
-        "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)
-    )
-    return parse_last_good(config_map)
-
-
 async def write_last_good(
     kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
 ) -> None:
