@@ -232,7 +232,7 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     # kopf daemon put on every resource.
     settings.persistence.finalizer = api.LEGACY_FINALIZER
     # No kopf peering (it pauses every operator of equal priority): `run` elects a leader on a Lease
-    # (mooncake_operator.leader) before kopf starts.
+    # (mooncake_operator.operator_lease) before kopf starts.
     settings.peering.standalone = True
     settings.peering.mandatory = False
     # The API server parses ?timeoutSeconds= as an integer ("300.0" is a 400 Bad Request).

@@ -18,7 +18,7 @@ from tests.support.apiserver import ControlPlane, free_port
 
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.leader import LEASE_API_VERSION, LEASE_KIND
+from mooncake_operator.operator_lease import LEASE_API_VERSION, LEASE_KIND
 
 pytestmark = pytest.mark.cluster
 
