@@ -106,8 +106,12 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
         assert status["outOfTraffic"] == []
         last_good = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
         assert last_good["metadata"]["ownerReferences"][0]["uid"] == uid
-        reasons = [event["reason"] for event in await events(kube, namespace)]
-        assert {"Deploying", "CanaryRunning", "Ready"} <= set(reasons)
+
+        async def transitions_posted() -> bool:  # each event follows its status write
+            reasons = {event["reason"] for event in await events(kube, namespace)}
+            return {"Deploying", "CanaryRunning", "Ready"} <= reasons
+
+        await eventually(transitions_posted, what="the Deploying, CanaryRunning and Ready events")
         assert canary_posts(fakes) == 4  # one run: two pairs, a cold and a warm request each
 
 

@@ -17,7 +17,6 @@ the operator is down is gone at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -102,8 +101,14 @@ async def run_worker(runtime: Runtime, namespace: str, name: str) -> None:
                 continue
             log_outcome(namespace, name, outcome, previous)
             previous = outcome
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=next_delay(runtime, namespace, name, outcome))
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for can swallow a cancellation that lands
+            # as the wake-up does, and the worker would outlive its resource or the operator.
+            woken = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait({woken}, timeout=next_delay(runtime, namespace, name, outcome))
+            finally:
+                woken.cancel()
+            if wake.is_set():
                 await asyncio.sleep(COALESCE_SECONDS)
     finally:
         runtime.wakes.unregister(namespace, name)
