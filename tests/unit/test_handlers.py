@@ -7,13 +7,12 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.fake_api import runtime_answering
 
 from mooncake_operator import api
-from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import Outcome, Runtime, worker
+from mooncake_operator.reconcile import Outcome, worker
 from mooncake_operator.reconcile.cache import WatchCache
 from mooncake_operator.reconcile.worker import Workers, run_worker
 
@@ -81,14 +80,7 @@ async def test_a_resource_being_deleted_stops_its_worker_mid_reconcile() -> None
 async def test_a_reconcile_that_raises_is_logged_and_tried_again(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
-            return httpx.Response(200, content=b"")
-        return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
-
-    config = KubeConfig(server="https://127.0.0.1:1", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    runtime = Runtime.start(OperatorSettings(kube=config, metrics_port=0), kube)
+    runtime = runtime_answering(lambda request: httpx.Response(404))
     calls: list[int] = []
     second = asyncio.Event()
 
