@@ -103,3 +103,30 @@ async def test_a_reconcile_that_raises_is_logged_and_tried_again(
     assert "ns/demo: the reconcile failed; retrying in 0.01 s" in caplog.text
     assert "a bug in the reconcile" in caplog.text
     assert ("ns", "demo") not in runtime.wakes.events  # the stopped worker unregistered
+
+
+async def test_a_worker_cancelled_as_it_is_woken_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancellation that stops a worker can land with a wake-up (an event about its own write);
+    it must not be lost (Python 3.11's wait_for returns the wake-up instead), or the worker outlives
+    its resource and holds the operator's exit."""
+    runtime = runtime_answering(lambda request: httpx.Response(404))
+    reconciled = asyncio.Event()
+
+    async def reconcile(*_: Any) -> Outcome:
+        reconciled.set()
+        return Outcome(ReconcileResult.READY)
+
+    monkeypatch.setattr(worker, "reconcile", reconcile)
+    task = asyncio.create_task(run_worker(runtime, "ns", "demo"))
+    try:
+        await asyncio.wait_for(reconciled.wait(), 5)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the worker now waits for a wake-up
+        runtime.wakes.poke("ns", "demo")
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        assert done, "the worker ignored its cancellation"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await runtime.close()
