@@ -14,9 +14,9 @@ Standard library only: it runs inside the image, before anything else is install
 vLLM's CUDA major is read from the ELF DT_NEEDED entries of its extension objects (the
 libcudart.so.N they link): no import, no GPU. A vLLM whose objects link no CUDA runtime and no driver
 is a CPU build. `check` lists every ELF object of the installed `mooncake` package (and the
-`<distribution>.libs` directory next to it), resolves their DT_NEEDED entries the way the dynamic
-loader does, compares the CUDA runtime major they link with the base's, and imports `mooncake.store`
-with the NVIDIA driver stubbed when the driver is absent (it only exists at run time).
+`<distribution>.libs` directory next to it), compares the CUDA runtime major they link with the base's,
+asks the real loader (`ldd`) what each one's libraries resolve to, and imports `mooncake.store` in a
+fresh interpreter with the NVIDIA driver stubbed when the driver is absent (it only exists at run time).
 
 Exit codes: 0 ok; 1 the check failed (the message names what); 3 this tool could not do its job.
 """
@@ -24,7 +24,6 @@ Exit codes: 0 ok; 1 the check failed (the message names what); 3 this tool could
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.metadata
 import importlib.util
 import os
@@ -35,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -73,12 +72,13 @@ class EnvironmentProblem(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# A small ELF reader: the dynamic section (DT_NEEDED, DT_RPATH, DT_RUNPATH, DT_SONAME) and the
-# undefined dynamic symbols. Reads only headers and the few sections it needs, never whole files.
+# A small ELF reader: the DT_NEEDED entries of the dynamic section (the CUDA runtime an object links,
+# read offline from a wheel too) and the undefined dynamic symbols (what a driver stand-in must define).
+# Reads only headers and the few sections it needs, never whole files.
 
 ELF_MAGIC = b"\x7fELF"
 SHT_DYNAMIC, SHT_DYNSYM = 6, 11
-DT_NULL, DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 14, 15, 29
+DT_NULL, DT_NEEDED = 0, 1
 SHN_UNDEF = 0
 
 
@@ -90,11 +90,8 @@ class ElfError(Exception):
 class Elf:
     path: Path
     bits: int  # 32 | 64
-    machine: int  # e_machine: a library of another architecture never satisfies a dependency
+    machine: int  # e_machine
     needed: tuple[str, ...]
-    rpath: tuple[str, ...]
-    runpath: tuple[str, ...]
-    soname: str | None
     undefined: tuple[str, ...] = field(repr=False)
 
 
@@ -161,9 +158,6 @@ def _parse_elf(path: Path, handle: BinaryIO) -> Elf:
         return table[offset:end].decode("utf-8", "replace")
 
     needed: list[str] = []
-    rpath: list[str] = []
-    runpath: list[str] = []
-    soname = None
     undefined: list[str] = []
     for _, kind, _, _, offset, size, link, _, _, entsize in sections:
         if kind == SHT_DYNAMIC:
@@ -175,12 +169,6 @@ def _parse_elf(path: Path, handle: BinaryIO) -> Elf:
                     break
                 if tag == DT_NEEDED:
                     needed.append(string(table, value))
-                elif tag == DT_SONAME:
-                    soname = string(table, value)
-                elif tag == DT_RPATH:
-                    rpath += string(table, value).split(":")
-                elif tag == DT_RUNPATH:
-                    runpath += string(table, value).split(":")
         elif kind == SHT_DYNSYM and entsize:
             table = strings(link)
             symbol = f"{order}IBBHQQ" if bits == 64 else f"{order}IIIBBH"
@@ -194,9 +182,6 @@ def _parse_elf(path: Path, handle: BinaryIO) -> Elf:
         bits=bits,
         machine=machine,
         needed=tuple(needed),
-        rpath=tuple(p for p in rpath if p),
-        runpath=tuple(p for p in runpath if p),
-        soname=soname,
         undefined=tuple(undefined),
     )
 
@@ -213,39 +198,15 @@ def cuda_majors(objects: Iterable[Elf]) -> dict[str, list[Path]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Resolving DT_NEEDED the way glibc's loader does: DT_RPATH (of the object and, as the loader does,
-# of the objects that loaded it) unless it has DT_RUNPATH, then LD_LIBRARY_PATH, then DT_RUNPATH,
-# then the directories ld.so.cache is built from (/etc/ld.so.conf), then the trusted defaults.
-# Libraries a Python process has already loaded when Mooncake's objects load (torch's own libraries
+# What the real loader resolves: `ldd` runs glibc's ld.so in trace mode, so every search rule
+# (DT_RPATH, LD_LIBRARY_PATH, DT_RUNPATH, ld.so.cache, the defaults, the architecture) is the loader's
+# own. Libraries a Python process has already loaded when Mooncake's objects load (torch's own libraries
 # and the CUDA libraries torch loads from the `nvidia` wheels) count as resolved too, and the report
-# says so: the loader matches a DT_NEEDED entry against an already loaded SONAME.
+# says so: the loader matches a DT_NEEDED entry against an already loaded SONAME. They are searched
+# last, after everything the loader would search by itself.
 
-DEFAULT_DIRS = ("/lib64", "/usr/lib64", "/lib", "/usr/lib")
-
-
-def ld_so_conf_dirs(conf: Path = Path("/etc/ld.so.conf")) -> list[str]:
-    dirs: list[str] = []
-    seen: set[Path] = set()
-
-    def read(path: Path) -> None:
-        if path in seen or not path.is_file():
-            return
-        seen.add(path)
-        for raw in path.read_text(errors="replace").splitlines():
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            if line.startswith("include "):
-                pattern = line.split(None, 1)[1]
-                if not os.path.isabs(pattern):
-                    pattern = str(path.parent / pattern)
-                for included in sorted(glob.glob(pattern)):
-                    read(Path(included))
-            elif not line.startswith("hwcap "):
-                dirs.append(line)
-
-    read(conf)
-    return dirs
+_LDD_LINE = re.compile(r"^\s*(\S+) => (not found|\S+)")
+LoaderView = Callable[[Path, Sequence[str]], dict[str, "Path | None"]]
 
 
 def preloaded_dirs() -> list[str]:
@@ -261,84 +222,31 @@ def preloaded_dirs() -> list[str]:
     return [d for d in dirs if os.path.isdir(d)]
 
 
-@dataclass(frozen=True)
-class Resolved:
-    name: str
-    path: Path | None
-    how: str  # "loader" | "preloaded" | "missing"
+def with_library_path(first: Sequence[str] = (), last: Sequence[str] = ()) -> dict[str, str]:
+    """This process's environment with `first` and `last` around LD_LIBRARY_PATH's own entries."""
+    env = dict(os.environ)
+    own = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+    env["LD_LIBRARY_PATH"] = ":".join([*first, *own, *last])
+    return env
 
 
-@dataclass
-class Resolver:
-    ld_library_path: list[str]
-    system_dirs: list[str]
-    preloaded: list[str]
-    _elves: dict[Path, Elf | None] = field(default_factory=dict)
-
-    @classmethod
-    def for_this_process(cls) -> Resolver:
-        env = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
-        return cls(env, ld_so_conf_dirs() + list(DEFAULT_DIRS), preloaded_dirs())
-
-    def elf(self, path: Path) -> Elf | None:
-        if path not in self._elves:
-            try:
-                self._elves[path] = read_elf(path)
-            except ElfError:
-                self._elves[path] = None
-        return self._elves[path]
-
-    def _candidate(self, directory: str, name: str, wanted: Elf) -> Path | None:
-        path = Path(directory) / name
-        if not path.is_file():
-            return None
-        found = self.elf(path.resolve())
-        if found is None or (found.bits, found.machine) != (wanted.bits, wanted.machine):
-            return None  # the loader skips libraries of another class or architecture
-        return path
-
-    @staticmethod
-    def _expand(paths: Iterable[str], origin: Path) -> list[str]:
-        return [p.replace("${ORIGIN}", str(origin)).replace("$ORIGIN", str(origin)) for p in paths]
-
-    def resolve(self, name: str, elf: Elf, loaders: Sequence[Elf] = ()) -> Resolved:
-        if "/" in name:
-            path = Path(name)
-            return Resolved(name, path, "loader") if path.is_file() else Resolved(name, None, "missing")
-        search: list[str] = []
-        if not elf.runpath:
-            for obj in (elf, *reversed(loaders)):
-                if not obj.runpath:
-                    search += self._expand(obj.rpath, obj.path.parent)
-        search += self.ld_library_path
-        search += self._expand(elf.runpath, elf.path.parent)
-        search += self.system_dirs
-        for directory in search:
-            path = self._candidate(directory, name, elf)
-            if path is not None:
-                return Resolved(name, path, "loader")
-        for directory in self.preloaded:
-            path = self._candidate(directory, name, elf)
-            if path is not None:
-                return Resolved(name, path, "preloaded")
-        return Resolved(name, None, "missing")
-
-    def closure(self, elf: Elf) -> Iterator[tuple[Elf, Resolved]]:
-        """Every (object, dependency) pair reachable from `elf`, each library visited once."""
-        seen: set[Path] = {elf.path.resolve()}
-        stack: list[tuple[Elf, tuple[Elf, ...]]] = [(elf, ())]
-        while stack:
-            current, loaders = stack.pop()
-            for name in current.needed:
-                resolved = self.resolve(name, current, loaders)
-                yield current, resolved
-                if resolved.path is None:
-                    continue
-                real = resolved.path.resolve()
-                child = self.elf(real)
-                if child is not None and real not in seen:
-                    seen.add(real)
-                    stack.append((child, (*loaders, current)))
+def loader_view(path: Path, preloaded: Sequence[str] = ()) -> dict[str, Path | None]:
+    """Every library of `path`'s closure (by the name it is asked for) and the file the real loader
+    maps for it; None: not found."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        raise EnvironmentProblem("ldd is not installed (Debian/Ubuntu package libc-bin)")
+    result = subprocess.run(
+        [ldd, str(path)], capture_output=True, text=True, check=False, env=with_library_path(last=preloaded)
+    )
+    if result.returncode != 0:
+        raise EnvironmentProblem(f"ldd {path}: {(result.stderr or result.stdout).strip()}")
+    view: dict[str, Path | None] = {}
+    for line in result.stdout.splitlines():
+        match = _LDD_LINE.match(line)
+        if match:
+            view[match[1]] = None if match[2] == "not found" else Path(match[2])
+    return view
 
 
 # ---------------------------------------------------------------------------------------------
@@ -538,12 +446,15 @@ def build_driver_stub(objects: Sequence[Elf], directory: Path) -> Path | None:
 
 
 def import_store(library_dirs: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = ":".join(
-        [*library_dirs, *[p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]]
-    )
+    """`import mooncake.store` in a fresh interpreter, `library_dirs` searched first."""
     probe = "import mooncake.store as store; print(store.__file__)"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=with_library_path(first=library_dirs),
+    )
 
 
 def missing_hint(names: Iterable[str]) -> str:
@@ -551,8 +462,11 @@ def missing_hint(names: Iterable[str]) -> str:
     return f" (system packages: {', '.join(packages)})" if packages else ""
 
 
-def check(mooncake_dir: Path, base_major: str, resolver: Resolver) -> list[str]:
-    """The linkage proof; returns the report lines, raises CheckFailed naming what is wrong."""
+def check(
+    mooncake_dir: Path, base_major: str, preloaded: Sequence[str] = (), view: LoaderView = loader_view
+) -> list[str]:
+    """The linkage proof; returns the report lines, raises CheckFailed naming what is wrong.
+    `preloaded`: directories of the libraries `import torch` loads first (`preloaded_dirs`)."""
     objects = mooncake_objects(mooncake_dir)
     if not objects:
         raise CheckFailed(f"{mooncake_dir} holds no shared objects: is Mooncake installed?")
@@ -571,17 +485,18 @@ def check(mooncake_dir: Path, base_major: str, resolver: Resolver) -> list[str]:
     report.append(f"  CUDA: Mooncake and the base's vLLM agree: {describe(base_major)}")
 
     missing: dict[str, set[str]] = {}
-    preloaded: dict[str, Path] = {}
+    found_preloaded: dict[str, Path] = {}
     driver_needed = False
+    torch_dirs = {os.path.realpath(d) for d in preloaded}
     for elf in objects:
-        for owner, dep in resolver.closure(elf):
-            if dep.name == DRIVER and dep.path is None:
+        for name, path in view(elf.path, preloaded).items():
+            if path is None and name == DRIVER:
                 driver_needed = True
-            elif dep.how == "missing":
-                missing.setdefault(dep.name, set()).add(owner.path.name)
-            elif dep.how == "preloaded" and dep.path is not None:
-                preloaded[dep.name] = dep.path
-    for name, path in sorted(preloaded.items()):
+            elif path is None:
+                missing.setdefault(name, set()).add(elf.path.name)
+            elif os.path.realpath(path.parent) in torch_dirs:
+                found_preloaded[name] = path
+    for name, path in sorted(found_preloaded.items()):
         report.append(f"  {name}: {path} (loaded by `import torch` before Mooncake's objects)")
     if driver_needed:
         report.append(f"  {DRIVER}: the NVIDIA driver, mounted into GPU pods at run time (not in images)")
@@ -595,7 +510,7 @@ def check(mooncake_dir: Path, base_major: str, resolver: Resolver) -> list[str]:
     )
 
     with tempfile.TemporaryDirectory(prefix="mooncake-driver-stub-") as scratch:
-        library_dirs = sorted({str(path.parent) for path in preloaded.values()})
+        library_dirs = sorted({str(path.parent) for path in found_preloaded.values()})
         if driver_needed:
             stub = build_driver_stub(objects, Path(scratch))
             if stub is None:
@@ -638,7 +553,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     started = time.monotonic()
     mooncake_dir = locate_package("mooncake", args.mooncake_dir, "--mooncake-dir")
     try:
-        report = check(mooncake_dir, args.cuda_major, Resolver.for_this_process())
+        report = check(mooncake_dir, args.cuda_major, preloaded_dirs())
     except CheckFailed as error:
         print(f"check_linkage: FAILED - {error}", file=sys.stderr)
         return EXIT_FAILED

@@ -53,11 +53,11 @@ PLURAL = "mooncakeservings"
 SINGULAR = "mooncakeserving"
 SHORT_NAMES = ("mcs",)
 # Names the operator writes into objects, so users and tests can rely on them: the field manager of every
-# server-side apply, the finalizer kopf keeps on a resource, the prefix of kopf's own annotations, and the
-# annotation a user sets to any new value to re-run the canary (after a rollback: to retry the spec).
+# server-side apply, and the annotation a user sets to any new value to re-run the canary (after a
+# rollback: to retry the spec). An older operator put LEGACY_FINALIZER on every resource; this one
+# removes it (kopf does, as no handler needs a finalizer).
 FIELD_MANAGER = "mooncake-operator"
-FINALIZER = f"{GROUP}/finalizer"
-ANNOTATION_PREFIX = GROUP
+LEGACY_FINALIZER = f"{GROUP}/finalizer"
 RERUN_CANARY_ANNOTATION = f"{GROUP}/rerun-canary"
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -1857,19 +1857,19 @@ class InvalidResourceError(ValueError):
         super().__init__("invalid MooncakeServing:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def describe_validation_error(error: ValidationError, prefix: str = "") -> list[str]:
+def describe_validation_error(error: ValidationError) -> list[str]:
     """One readable line per problem: the wire path (camelCase) and the message."""
     problems = []
     for item in error.errors():
-        path = ".".join([prefix, *(str(part) for part in item["loc"])] if prefix else map(str, item["loc"]))
+        path = ".".join(map(str, item["loc"]))
         message = str(item["msg"]).removeprefix("Value error, ")
         problems.append(f"{path}: {message}" if path else message)
     return problems
 
 
 def plain(obj: Any) -> Any:
-    """Mappings and sequences (e.g. kopf's read-only views of a body) as plain dicts and lists, which the
-    strict models require."""
+    """Mappings and sequences (e.g. read-only views) as plain dicts and lists, which the strict models
+    require."""
     if isinstance(obj, Mapping):
         return {key: plain(value) for key, value in obj.items()}
     if isinstance(obj, Sequence) and not isinstance(obj, str | bytes):
@@ -1883,11 +1883,3 @@ def parse_resource(obj: Any) -> MooncakeServing:
         return MooncakeServing.model_validate(plain(obj))
     except ValidationError as error:
         raise InvalidResourceError(describe_validation_error(error)) from error
-
-
-def parse_spec(spec: Any) -> MooncakeServingSpec:
-    """Validate a spec alone (as handed to an operator handler); raises InvalidResourceError."""
-    try:
-        return MooncakeServingSpec.model_validate(plain(spec))
-    except ValidationError as error:
-        raise InvalidResourceError(describe_validation_error(error, prefix="spec")) from error

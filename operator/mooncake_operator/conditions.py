@@ -1,10 +1,10 @@
 """Status conditions: reason constants and the one pure helper that writes the full list.
 
-kopf and the API server merge-patch status, and a JSON merge patch replaces lists whole, so the operator
-always writes every condition (MasterReady, ReplicasReady, CanaryPassed, Ready, in that order, then
-kstatus' Reconciling and Stalled, derived from Ready so that Flux, `kubectl wait` and kstatus-based tools
-need no knowledge of this resource). `lastTransitionTime` moves only when a condition's status flips, as
-Kubernetes conventions ask.
+The operator writes status as a JSON merge patch, which replaces lists whole, so it always writes every
+condition (MasterReady, ReplicasReady, CanaryPassed, Ready, in that order, then kstatus' Reconciling and
+Stalled, derived from Ready so that Flux, `kubectl wait` and kstatus-based tools need no knowledge of
+this resource). `lastTransitionTime` moves only when a condition's status flips, as Kubernetes
+conventions ask.
 """
 
 from __future__ import annotations

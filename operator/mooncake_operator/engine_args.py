@@ -8,7 +8,6 @@ prints (`describe_substitutions`). For the customer's example the production arg
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from mooncake_operator.api import MooncakeServingSpec, engine_flag
+from mooncake_operator.digests import short_digest
 
 VLLM_SERVE = ("vllm", "serve")
 DEFAULT_STORE_CONFIG_PATH = "/etc/vllm/mooncake_store.json"
@@ -187,8 +187,8 @@ def kv_fingerprint(spec: MooncakeServingSpec) -> str:
         else {"method": draft.method, "model": draft.model, "revision": draft.revision},
         "extra_args": kv_shaping_args(engine.extra_args),
     }
-    digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    return KV_FINGERPRINT_PREFIX + digest[:16]
+    # json.dumps' default separators, not canonical_json: the fingerprint names blocks already stored.
+    return KV_FINGERPRINT_PREFIX + short_digest(json.dumps(inputs, sort_keys=True))
 
 
 def kv_transfer_config(spec: MooncakeServingSpec) -> dict[str, Any]:

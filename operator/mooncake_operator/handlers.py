@@ -1,8 +1,11 @@
 """kopf handlers: decorators and one-line delegation to `mooncake_operator.reconcile`, nothing else.
 
-Each MooncakeServing gets a kopf daemon running its worker (`reconcile.worker`): kopf starts it when the
-resource appears (or the operator starts) and stops it on deletion and at exit. The worker reconciles
-when the watch cache reports a change to the resource, its children or its pods, and on its timers.
+kopf watches MooncakeServings (the operator's only watch of the kind) and hands every event to
+`reconcile.worker.Workers`, which keeps the watch cache's copy and runs one worker per resource: started
+when the resource appears (or the operator starts), stopped once it is being deleted and at exit. The
+worker reconciles when the watch cache reports a change to the resource, its children or its pods, and
+on its timers. No handler needs a finalizer (nothing is cleaned up: the children go by their owner
+references), so kopf adds none, and removes the one an older operator's daemon added.
 
 `build_registry(settings)` registers the handlers on a fresh registry bound to one `RuntimeHolder`, so
 an operator (or a test's `KopfRunner`) gets its own clients, created in its own event loop at startup and
@@ -11,6 +14,7 @@ closed at cleanup.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +22,7 @@ import kopf
 
 from mooncake_operator import api, reconcile
 from mooncake_operator.operator_settings import OperatorSettings, configure_kopf, connection_info
-from mooncake_operator.reconcile.worker import run_worker
+from mooncake_operator.reconcile.worker import Workers, run_worker
 
 RESOURCE = (api.GROUP, api.VERSION, api.PLURAL)
 
@@ -28,11 +32,17 @@ class RuntimeHolder:
     """The runtime of a running operator; absent before startup and after cleanup."""
 
     runtime: reconcile.Runtime | None = None
+    workers: Workers | None = None
 
     def get(self) -> reconcile.Runtime:
         if self.runtime is None:
             raise kopf.TemporaryError("the operator is starting or stopping", delay=1)
         return self.runtime
+
+    def get_workers(self) -> Workers:
+        if self.workers is None:
+            raise kopf.TemporaryError("the operator is starting or stopping", delay=1)
+        return self.workers
 
 
 def build_registry(
@@ -44,11 +54,14 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, operator_settings)
-        holder.runtime = reconcile.Runtime.start(operator_settings)
+        runtime = holder.runtime = reconcile.Runtime.start(operator_settings)
+        holder.workers = Workers(runtime.cache, functools.partial(run_worker, runtime))
 
     @kopf.on.cleanup(registry=registry)
     async def stop(**_: Any) -> None:
-        runtime, holder.runtime = holder.runtime, None
+        (runtime, holder.runtime), (workers, holder.workers) = (holder.runtime, None), (holder.workers, None)
+        if workers is not None:
+            await workers.close()
         if runtime is not None:
             await runtime.close()
 
@@ -56,12 +69,10 @@ def build_registry(
     async def login(**_: Any) -> kopf.ConnectionInfo:
         return await connection_info(operator_settings.kube_config())
 
-    # Level-based: the worker reconciles on every change the watches report (spec, annotations,
-    # children, pods) and on its timers; no change handler, so kopf writes no diff-base annotations.
-    # A worker stopped mid-reconcile cancels it (worker.until_stopped); kopf re-checks an exiting daemon
-    # every TIMER_EXIT_POLL_SECONDS (settings.background.cancellation_polling) before removing the finalizer.
-    @kopf.daemon(*RESOURCE, registry=registry)
-    async def work(namespace: str | None, name: str, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        await run_worker(holder.get(), str(namespace), name, stopped)
+    # Level-based: the workers reconcile on every change the watches report (spec, annotations,
+    # children, pods) and on their timers; no change handler, so kopf writes no annotations.
+    @kopf.on.event(*RESOURCE, registry=registry)
+    async def watched(event: kopf.RawEvent, **_: Any) -> None:
+        await holder.get_workers().observe(event.get("type"), event["object"])
 
     return registry

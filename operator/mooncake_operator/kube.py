@@ -1,8 +1,9 @@
-"""A small typed async client for the Kubernetes API, used for the operator's own writes.
+"""A small typed async client for the Kubernetes API: every request the operator makes itself.
 
-kopf watches; this client applies children (server-side apply, one field manager), patches
-labels and status, and posts events. It counts its requests so tests and benchmarks can assert
-that a reconcile with nothing to change writes nothing.
+kopf watches the MooncakeServings; this client lists and watches the children and pods for the watch
+cache, applies children (server-side apply, one field manager), patches labels and status, posts events,
+keeps the leader Lease and asks discovery which versions are served. It counts its requests so tests
+and benchmarks can assert that a reconcile with nothing to change writes nothing.
 
 Configuration comes from the pod's service account (`KubeConfig.in_cluster()`), a kubeconfig
 file (`KubeConfig.from_kubeconfig()`), or explicit values (`KubeConfig(server=..., token=...)`).

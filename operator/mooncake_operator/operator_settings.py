@@ -7,7 +7,6 @@ that points canaries at URLs other than the per-replica DNS names (tests, the sa
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,8 +36,6 @@ DEFAULT_CANARY_MAX_CHAT_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_CANARY_MAX_METRICS_BODY_BYTES = 2 * DEFAULT_MAX_METRICS_BODY_BYTES
 MIN_BODY_BYTES = 1024
 _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label
-# How often kopf re-checks a daemon that is exiting (its default, 60 s, delays deletions that long).
-TIMER_EXIT_POLL_SECONDS = 2.0
 
 
 class SettingsError(ValueError):
@@ -233,13 +230,11 @@ def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """kopf's settings for this operator (called from the startup handler)."""
-    settings.persistence.finalizer = api.FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=api.ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
+    # No handler needs a finalizer, so kopf adds none and removes this one, which an older operator's
+    # kopf daemon put on every resource.
+    settings.persistence.finalizer = api.LEGACY_FINALIZER
     # No kopf peering (it pauses every operator of equal priority): `run` elects a leader on a Lease
-    # (mooncake_operator.leader) before kopf starts.
+    # (mooncake_operator.operator_lease) before kopf starts.
     settings.peering.standalone = True
     settings.peering.mandatory = False
     # The API server parses ?timeoutSeconds= as an integer ("300.0" is a 400 Bad Request).
@@ -248,13 +243,6 @@ def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> N
     settings.watching.connect_timeout = ours.request_timeout_seconds
     settings.networking.request_timeout = ours.request_timeout_seconds
     settings.networking.connect_timeout = ours.request_timeout_seconds
-    # A daemon that did not exit at once (worker.until_stopped cancels its reconcile, but the clean-up
-    # may take a moment) is checked again after this, not kopf's default 60 s: a deleted resource keeps
-    # its finalizer until then.
-    settings.background.cancellation_polling = TIMER_EXIT_POLL_SECONDS
-    # The operator posts its own events on phase transitions; kopf's would add one per handler retry.
-    settings.posting.enabled = False
-    settings.posting.level = logging.WARNING
 
 
 async def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:

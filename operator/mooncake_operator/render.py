@@ -20,7 +20,6 @@ uses too. Every object carries the app.kubernetes.io labels and a controller own
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import posixpath
@@ -38,6 +37,7 @@ from mooncake_operator.api import (
     ResourceRequirements,
     Scheduling,
 )
+from mooncake_operator.digests import json_digest, short_digest
 from mooncake_operator.engine_args import (
     DEFAULT_STORE_CONFIG_PATH,
     ETCD_CA_DIR,
@@ -231,13 +231,12 @@ def store_config_json(resource: MooncakeServing) -> str:
 
 
 def config_hash(resource: MooncakeServing) -> str:
-    return hashlib.sha256(store_config_json(resource).encode()).hexdigest()[:16]
+    return short_digest(store_config_json(resource))
 
 
 def spec_hash(spec: MooncakeServingSpec) -> str:
     """A short stable digest of a spec (e.g. to record the last good revision)."""
-    canonical = json.dumps(spec.to_wire(), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return json_digest(spec.to_wire())
 
 
 def master_address(resource: MooncakeServing) -> str:
@@ -503,8 +502,7 @@ class ReplicaTemplate:
     @classmethod
     def of(cls, resource: MooncakeServing) -> ReplicaTemplate:
         body = _replica_pod_template(resource, selector(resource, COMPONENT_REPLICA))
-        canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        return cls(body, hashlib.sha256(canonical.encode()).hexdigest()[:16])
+        return cls(body, json_digest(body))
 
     def for_set(self, set_selector: dict[str, str]) -> dict[str, Any]:
         """The template whose pods carry `set_selector` (the set's label included), in render order."""

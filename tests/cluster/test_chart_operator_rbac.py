@@ -6,9 +6,9 @@ For each RBAC layout (a cluster-wide watch: ClusterRoles; a namespaced watch: a 
 `mooncake-operator` with the Deployment's own arguments (ports moved to free loopback ones, a
 kubeconfig holding that token, the replicas mapped to loopback fake vLLM servers, short resync
 periods). Then, as an admin, create a MooncakeServing and play the kubelet, and watch the operator:
-add its finalizer, apply every child, write status, post events; fail the canary against a corrupting
-replica and hold that replica out of traffic (a pod label patch); pass it after a rerun, putting the
-replica back and storing the last good revision; remove its finalizer on delete. Its log must show no
+remove the finalizer an older operator left, apply every child, write status, post events; fail the
+canary against a corrupting replica and hold that replica out of traffic (a pod label patch); pass it
+after a rerun, putting the replica back and storing the last good revision. Its log must show no
 refusal. Finally the same token is tried on what the operator must not do.
 """
 
@@ -173,8 +173,8 @@ async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
     """What is still missing of the operator's work on the MooncakeServing (empty: all done)."""
     missing = []
     resource = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
-    if api.FINALIZER not in (resource["metadata"].get("finalizers") or []):
-        missing.append("finalizer")
+    if api.LEGACY_FINALIZER in (resource["metadata"].get("finalizers") or []):
+        missing.append("the older operator's finalizer removed")
     status = resource.get("status") or {}
     if not status.get("phase") or not status.get("conditions"):
         missing.append("status")
@@ -206,7 +206,7 @@ async def wait_until_reconciled(kube: KubeClient, namespace: str, log_path: Path
 async def wait_until_deleted(kube: KubeClient, namespace: str, log_path: Path) -> None:
     deadline = time.monotonic() + RECONCILE_TIMEOUT_S
     while await kube.get_or_none(api.API_VERSION, api.KIND, SERVING, namespace) is not None:
-        assert time.monotonic() < deadline, f"finalizer not removed; operator log:\n{operator_log(log_path)}"
+        assert time.monotonic() < deadline, f"resource not deleted; operator log:\n{operator_log(log_path)}"
         await asyncio.sleep(0.5)
 
 
@@ -305,7 +305,9 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
         extra = [f"--replica-endpoints={endpoints}", *OPERATOR_TEST_FLAGS]
         argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port, extra)
         with running_operator(argv, log_path, liveness_port):
-            await kube.create(serving(namespace, SERVING))
+            older = serving(namespace, SERVING)  # as an older operator's kopf daemon left it
+            older["metadata"]["finalizers"] = [api.LEGACY_FINALIZER]
+            await kube.create(older)
             await wait_until_reconciled(kube, namespace, log_path)
             async with FakeKubelet(kube, namespace):
                 failed = await phase_reached(kube, namespace, "CanaryFailed", log_path)
@@ -326,7 +328,7 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
                 await eventually(back_in_traffic, what=f"{replica} labelled traffic=on")
                 assert await kube.get_or_none("v1", "ConfigMap", config_map_name(SERVING), namespace)
 
-            # Deleting needs the operator too: it removes its finalizer (the garbage collector, the children).
+            # No finalizer: the API server deletes it, the garbage collector the children.
             await kube.delete(api.API_VERSION, api.KIND, SERVING, namespace)
             await wait_until_deleted(kube, namespace, log_path)
     log = operator_log(log_path)

@@ -18,7 +18,7 @@ from tests.support.apiserver import ControlPlane, free_port
 
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.leader import LEASE_API_VERSION, LEASE_KIND
+from mooncake_operator.operator_lease import LEASE_API_VERSION, LEASE_KIND
 
 pytestmark = pytest.mark.cluster
 
@@ -103,7 +103,7 @@ async def test_the_second_operator_stays_idle_until_the_first_stops(
             await kube.create(serving(namespace, "two"))
             await eventually(lambda: reconciled(kube, namespace, "two"), within=60, what="'two' reconciled")
             assert second.poll() is None, log_of(second_log)
-            # Leave nothing with a finalizer behind for another test's cluster-wide operator.
+            # Leave nothing behind for another test's cluster-wide operator.
             for name in ("one", "two"):
                 await kube.delete(api.API_VERSION, api.KIND, name, namespace)
             await eventually(lambda: _all_gone(kube, namespace), within=60, what="the resources deleted")

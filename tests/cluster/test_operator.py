@@ -76,7 +76,7 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
         assert condition(waiting, "Ready")["status"] == "False"
         assert condition(waiting, "CanaryPassed")["reason"] == "CanaryPending"
         assert canary_posts(fakes) == 0
-        assert api.FINALIZER in waiting["metadata"]["finalizers"]
+        assert not waiting["metadata"].get("finalizers")  # nothing to clean up: the children are owned
 
         async with FakeKubelet(kube, namespace):
             ready = await wait_for_phase(kube, namespace, "Ready")
@@ -106,8 +106,12 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
         assert status["outOfTraffic"] == []
         last_good = await kube.get("v1", "ConfigMap", config_map_name("demo"), namespace)
         assert last_good["metadata"]["ownerReferences"][0]["uid"] == uid
-        reasons = [event["reason"] for event in await events(kube, namespace)]
-        assert {"Deploying", "CanaryRunning", "Ready"} <= set(reasons)
+
+        async def transitions_posted() -> bool:  # each event follows its status write
+            reasons = {event["reason"] for event in await events(kube, namespace)}
+            return {"Deploying", "CanaryRunning", "Ready"} <= reasons
+
+        await eventually(transitions_posted, what="the Deploying, CanaryRunning and Ready events")
         assert canary_posts(fakes) == 4  # one run: two pairs, a cold and a warm request each
 
 
@@ -404,6 +408,29 @@ async def _all_pods_ready(kube: KubeClient, namespace: str) -> bool:
         )
         for p in pods
     )
+
+
+async def test_a_resource_deleted_while_the_operator_is_stopped_is_gone_without_it(
+    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+) -> None:
+    older = serving(namespace)
+    older["metadata"]["finalizers"] = [api.LEGACY_FINALIZER]  # as an older operator's kopf daemon left it
+    await kube.create(older)
+    with run_operator(settings_for(kube_cluster, namespace, fakes)):
+
+        async def reconciled_without_finalizer() -> dict[str, Any] | None:
+            body = await get_serving(kube, namespace)
+            phase = (body.get("status") or {}).get("phase")
+            return body if phase and not body["metadata"].get("finalizers") else None
+
+        await eventually(reconciled_without_finalizer, what="the older operator's finalizer removed")
+    # The operator has stopped: the API server deletes the resource on its own (kopf #942 hung here).
+    await kube.delete(api.API_VERSION, api.KIND, "demo", namespace)
+
+    async def gone() -> bool:
+        return await kube.get_or_none(api.API_VERSION, api.KIND, "demo", namespace) is None
+
+    await eventually(gone, within=10, what="the resource deleted with no operator running")
 
 
 async def test_deleting_the_resource_removes_every_child(

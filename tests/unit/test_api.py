@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 from types import MappingProxyType
@@ -18,7 +17,6 @@ from mooncake_operator.api import (
     MooncakeServingStatus,
     parse_quantity,
     parse_resource,
-    parse_spec,
     parse_store_size,
 )
 from mooncake_operator.crd import openapi_schema
@@ -213,25 +211,8 @@ def test_every_problem_is_reported_at_once() -> None:
     assert "invalid MooncakeServing" in str(InvalidResourceError(problems))
 
 
-def test_parse_spec_prefixes_paths_with_spec() -> None:
-    spec = copy.deepcopy(example()["spec"])
-    spec["engine"]["blockSize"] = 0
-    with pytest.raises(InvalidResourceError) as caught:
-        parse_spec(spec)
-    assert caught.value.problems[0].startswith("spec.engine.blockSize:")
-
-
-def test_read_only_mappings_from_kopf_are_accepted() -> None:
-    spec = example()["spec"]
-    frozen = MappingProxyType({**spec, "engine": MappingProxyType(spec["engine"])})
-    assert parse_spec(frozen) == customer_deployment().spec
+def test_read_only_mappings_are_accepted() -> None:
     assert parse_resource(MappingProxyType(example())) == customer_deployment()
-
-
-def test_a_spec_that_is_not_a_mapping_is_reported_at_spec() -> None:
-    with pytest.raises(InvalidResourceError) as caught:
-        parse_spec(["not", "a", "spec"])
-    assert caught.value.problems[0].startswith("spec: ")
 
 
 def test_status_models_carry_canary_evidence() -> None:

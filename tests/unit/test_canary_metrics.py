@@ -63,7 +63,11 @@ def test_labels_with_escapes_commas_and_braces() -> None:
     assert sample.value == 1000.0
 
 
-@pytest.mark.parametrize("text", ["<html>Not Found</html>", 'm{a="unterminated} 1', "metric notanumber"])
+# The last two make prometheus_client's parser raise IndexError, not ValueError.
+@pytest.mark.parametrize(
+    "text",
+    ["<html>Not Found</html>", 'm{a="unterminated} 1', "metric notanumber", "{1en=, =1a", ' {, =\t_+}-"}xa'],
+)
 def test_non_prometheus_text_is_refused_with_the_line(text: str) -> None:
     with pytest.raises(MetricsFormatError, match="line 1"):
         parse_samples(text)

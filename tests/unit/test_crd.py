@@ -49,14 +49,17 @@ def test_crd_output_takes_a_format_like_kubectl(capsys: pytest.CaptureFixture[st
     assert json.loads(capsys.readouterr().out) == yaml.safe_load(crd_yaml())
 
 
-def test_the_old_output_dir_spelling_still_works_with_a_deprecation_line(
+def test_output_takes_only_a_format_and_not_with_a_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["crd", "--output", str(tmp_path / "old")]) == 0
-    assert (tmp_path / "old" / CRD_FILENAME).read_text(encoding="utf-8") == crd_yaml()
-    assert f"deprecated: -o/--output DIR; write --output-dir {tmp_path / 'old'}" in capsys.readouterr().err
-    assert main(["crd", "-o", "xml", "--output-dir", str(tmp_path / "x")]) == 3
-    assert "-o 'xml' is not a format (yaml, json)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main(["crd", "--output", str(tmp_path / "old")])
+    assert usage.value.code == 3
+    assert "invalid choice" in capsys.readouterr().err
+    assert not (tmp_path / "old").exists()
+    with pytest.raises(SystemExit):
+        main(["crd", "-o", "xml", "--output-dir", str(tmp_path / "x")])
+    assert "invalid choice: 'xml'" in capsys.readouterr().err
     assert main(["crd", "-o", "json", "--output-dir", str(tmp_path / "x")]) == 3
     assert "not both" in capsys.readouterr().err
 

@@ -11,14 +11,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from tests.support.fake_api import runtime_answering
 
 from mooncake_operator import api, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing, managed_flag_of, parse_resource
-from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment_yaml
 from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import Runtime
 from mooncake_operator.reconcile.cache import WatchCache, WatchedKind
 from mooncake_operator.reconcile.children import (
     ImmutableChangeError,
@@ -627,16 +625,10 @@ async def test_the_served_policy_version_is_asked_once(served: list[str], expect
     versions = [{"groupVersion": f"policy/{version}", "version": version} for version in served]
 
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":  # the watch cache's, with nothing to report
-            return httpx.Response(200, content=b"")
-        if request.url.params.get("limit"):  # its lists, empty
-            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
         asked.append(request.url.path)
         return httpx.Response(200, json={"kind": "APIGroup", "name": "policy", "versions": versions})
 
-    config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(handler), kinds=[SERVING_KIND])
-    runtime = Runtime.start(OperatorSettings(kube=config, metrics_port=0), kube)
+    runtime = runtime_answering(handler, namespaces=())
     try:
         assert await runtime.policy_api_version() == expected
         assert await runtime.policy_api_version() == expected

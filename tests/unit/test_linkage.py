@@ -90,26 +90,44 @@ def test_elf_reader_reads_the_dynamic_section_of_a_real_shared_object() -> None:
         store = cl.parse_elf(Path("mooncake/store.so"), handle)
     assert (store.bits, store.machine) == (64, 62)  # x86-64
     assert {"libcudart.so.13", "libcuda.so.1", "libibverbs.so.1", "libc.so.6"} <= set(store.needed)
-    assert store.rpath == ("$ORIGIN", "$ORIGIN/../mooncake_transfer_engine_cuda13.libs")
-    assert store.runpath == ()
     assert {"cuMemCreate", "cuInit", "cudaMemcpy"} <= set(store.undefined)
 
 
-def test_resolver_finds_what_the_real_loader_loaded_for_this_interpreter() -> None:
-    """Ground truth without binutils: the running interpreter's own DT_NEEDED entries must resolve to
-    the very files the loader mapped into this process."""
-    python = cl.read_elf(Path(os.path.realpath(sys.executable)))
-    assert python.needed, "the interpreter links shared libraries"
+def test_the_loader_view_is_what_the_loader_mapped_for_this_interpreter() -> None:
+    """Ground truth: the running interpreter's own DT_NEEDED entries are read from `ldd` as the very
+    files the loader mapped into this process."""
+    python = Path(os.path.realpath(sys.executable))
+    needed = cl.read_elf(python).needed
+    assert needed, "the interpreter links shared libraries"
     mapped = {
         os.path.realpath(line.split()[-1])
         for line in Path("/proc/self/maps").read_text().splitlines()
         if "/" in line
     }
-    resolver = cl.Resolver.for_this_process()
-    for name in python.needed:
-        resolved = resolver.resolve(name, python)
-        assert resolved.path is not None, name
-        assert os.path.realpath(resolved.path) in mapped, (name, resolved.path)
+    view = cl.loader_view(python)
+    for name in needed:
+        path = view[name]
+        assert path is not None, name
+        assert os.path.realpath(path) in mapped, (name, path)
+
+
+def test_the_loader_view_names_what_is_not_found_and_refuses_what_is_no_library(tmp_path: Path) -> None:
+    """A library that links one which is gone: the loader says "not found"."""
+    if cl.shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.fail("no C compiler (cc): apt-get install gcc", pytrace=False)
+    (tmp_path / "gone.c").write_text("int gone(void) { return 1; }\n")
+    (tmp_path / "user.c").write_text("int gone(void);\nint user(void) { return gone(); }\n")
+    cc = cl.shutil.which(os.environ.get("CC") or "cc")
+    for command in (
+        [cc, "-shared", "-fPIC", "-o", "libgone.so", "gone.c"],
+        [cc, "-shared", "-fPIC", "-o", "libuser.so", "user.c", "-L.", "-lgone"],
+    ):
+        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
+    assert cl.loader_view(tmp_path / "libuser.so", [str(tmp_path)])["libgone.so"] == tmp_path / "libgone.so"
+    (tmp_path / "libgone.so").unlink()
+    assert cl.loader_view(tmp_path / "libuser.so")["libgone.so"] is None
+    with pytest.raises(cl.EnvironmentProblem, match="not a dynamic executable"):
+        cl.loader_view(tmp_path / "user.c")
 
 
 def test_elf_reader_refuses_what_is_not_a_whole_elf_file(tmp_path: Path) -> None:
@@ -302,10 +320,8 @@ def test_the_cuda_13_store_imports_with_a_stand_in_driver_and_not_without(
     site: dict[str, Path], cuda13_runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mooncake = site["13"] / "mooncake"
-    resolver = cl.Resolver([str(cuda13_runtime)], cl.ld_so_conf_dirs() + list(cl.DEFAULT_DIRS), [])
-    store = cl.read_elf(mooncake / "store.so")
-    missing = {dep.name for _, dep in resolver.closure(store) if dep.path is None}
-    assert missing == {cl.DRIVER}
+    view = cl.loader_view(mooncake / "store.so", [str(cuda13_runtime)])
+    assert {name for name, path in view.items() if path is None} == {cl.DRIVER}
 
     monkeypatch.setenv("PYTHONPATH", str(site["13"]))
     without = cl.import_store([str(cuda13_runtime)])
@@ -330,11 +346,15 @@ def test_without_a_compiler_the_stand_in_driver_is_not_built(
 
 
 def test_check_names_the_system_package_of_a_missing_library(site: dict[str, Path], tmp_path: Path) -> None:
-    """A base without libibverbs: the resolver (told that the system has no libraries) names it and
-    the Debian package that provides it."""
-    resolver = cl.Resolver([], [], [])
+    """A base without libibverbs (the loader's view with it removed) names it and the Debian package
+    that provides it."""
+
+    def without_ibverbs(path: Path, preloaded: Any) -> dict[str, Path | None]:
+        view = cl.loader_view(path, preloaded)
+        return {name: None if name == "libibverbs.so.1" else found for name, found in view.items()}
+
     with pytest.raises(cl.CheckFailed) as failed:
-        cl.check(site["none"] / "mooncake", "none", resolver)
+        cl.check(site["none"] / "mooncake", "none", view=without_ibverbs)
     assert "libibverbs.so.1 (needed by" in str(failed.value)
     assert "system packages:" in str(failed.value) and "libibverbs1" in str(failed.value)
 

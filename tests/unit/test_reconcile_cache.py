@@ -11,13 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.fake_api import runtime_answering
 
 from mooncake_operator import api, render
-from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import Outcome, Runtime
+from mooncake_operator.reconcile import Outcome
 from mooncake_operator.reconcile.cache import SERVING, Store, WatchCache, WatchedKind, project
 from mooncake_operator.reconcile.worker import interval_due_in, next_delay
 
@@ -246,16 +245,8 @@ def test_the_canary_interval_is_due_counted_from_the_last_finished_run() -> None
 
 
 async def test_the_worker_sleeps_until_its_first_timer() -> None:
-    def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
-            return httpx.Response(200, content=b"")
-        return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
-
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    config = KubeConfig(server="https://127.0.0.1:1", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    settings = OperatorSettings(kube=config, metrics_port=0, resync_seconds=600)
-    runtime = Runtime.start(settings, kube)
+    runtime = runtime_answering(lambda request: httpx.Response(404), resync_seconds=600)
     runtime.clock = lambda: now
     try:
         ready = Outcome(ReconcileResult.READY)

@@ -9,13 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support import fake_api
 
 from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
-from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
 from mooncake_operator.reconcile.children import with_applied_hash
 from mooncake_operator.reconcile.observe import REVISION_LABEL
@@ -32,26 +30,10 @@ def runtime_answering(
     lists: bool = False,
     replica_endpoints: dict[str, tuple[str, ...]] | None = None,
 ) -> Runtime:
-    """A runtime whose watches see no change and whose every other request `handler` answers; the watch
-    cache's first lists find nothing unless `lists` (then `handler` answers them too)."""
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
-            return httpx.Response(200, content=b"")
-        if request.url.params.get("limit") and not lists:  # the watch cache's first list
-            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
-        return handler(request)
-
-    config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    settings = OperatorSettings(
-        kube=config,
-        namespaces=("ns",),
-        retry_delay_seconds=3,
-        metrics_port=0,
-        replica_endpoints=replica_endpoints or {},
+    """`fake_api.runtime_answering` retrying after 3 s."""
+    return fake_api.runtime_answering(
+        handler, lists=lists, retry_delay_seconds=3, replica_endpoints=replica_endpoints or {}
     )
-    return Runtime.start(settings, kube)
 
 
 @pytest.fixture

@@ -9,13 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.fake_api import runtime_answering
 
 from mooncake_operator import render
-from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import Runtime
 from mooncake_operator.reconcile.children import remove_replica_sets
 
 pytestmark = pytest.mark.unit
@@ -55,17 +52,12 @@ async def test_a_retired_set_is_deleted_only_with_this_resources_controller_refe
     deletes: list[tuple[str, dict[str, Any]]] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
-            return httpx.Response(200, content=b"")
-        if request.url.params.get("limit"):
-            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
         if request.method == "DELETE":
             deletes.append((request.url.path.rsplit("/", 1)[-1], json.loads(request.content)))
         return httpx.Response(200, json={})
 
-    config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    runtime = Runtime.start(OperatorSettings(kube=config, namespaces=("ns",), metrics_port=0), kube)
+    runtime = runtime_answering(answer)
+    kube = runtime.kube
     try:
         # Same labels, another resource's controller reference (e.g. one of the same name, re-created).
         runtime.cache.remember(replica_set("demo-rforeign", "u-another"))

@@ -9,13 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.support.fake_api import runtime_answering
 from tests.unit.test_gpu_pods import example, rdma_example, with_rdma
 
 from mooncake_operator.api import InvalidResourceError, parse_resource
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
+from mooncake_operator.reconcile import ReconcileResult, reconcile
 
 pytestmark = pytest.mark.unit
 
@@ -88,18 +87,12 @@ async def test_a_forbidden_option_marks_the_resource_invalid_and_applies_nothing
     status_patches: list[dict[str, Any]] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
-            return httpx.Response(200, content=b"")
-        if request.url.params.get("limit"):
-            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
         requests.append((request.method, request.url.path))
         if request.url.path.endswith("/status"):
             status_patches.append(json.loads(request.content))
         return httpx.Response(200, json=resource)
 
-    config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    runtime = Runtime.start(OperatorSettings(kube=config, namespaces=("ns",), metrics_port=0), kube)
+    runtime = runtime_answering(answer)
     try:
         outcome = await reconcile(runtime, "ns", "demo")
     finally:

@@ -10,14 +10,13 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from tests.support.fake_api import runtime_answering
 
 from mooncake_operator import render
 from mooncake_operator.api import parse_resource
-from mooncake_operator.crd import SERVING_KIND
 from mooncake_operator.examples import customer_deployment_yaml
-from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.operator_settings import OperatorSettings, SettingsError
-from mooncake_operator.reconcile import Runtime, reconcile
+from mooncake_operator.reconcile import reconcile
 
 pytestmark = pytest.mark.unit
 
@@ -73,26 +72,15 @@ async def test_the_operator_applies_the_deny_by_default_policy() -> None:
     applied: dict[str, Any] = {}
 
     def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.params.get("watch") == "true":
-            return httpx.Response(200, content=b"")
-        if request.url.params.get("limit"):
-            return httpx.Response(200, json={"items": [], "metadata": {"resourceVersion": "1"}})
         if request.method == "PATCH" and "/networkpolicies/" in request.url.path:
             sent = json.loads(request.content)
             applied[sent["metadata"]["name"]] = sent
             return httpx.Response(200, json=sent)
         return httpx.Response(200, json=body)
 
-    config = KubeConfig(server="https://127.0.0.1:6443", token="t")
-    kube = KubeClient(config, transport=httpx.MockTransport(answer), kinds=[SERVING_KIND])
-    settings = OperatorSettings(
-        kube=config,
-        namespaces=("ns",),
-        metrics_port=0,
-        operator_namespace="mooncake-system",
-        replica_ingress_default="listed-clients",
+    runtime = runtime_answering(
+        answer, operator_namespace="mooncake-system", replica_ingress_default="listed-clients"
     )
-    runtime = Runtime.start(settings, kube)
     try:
         await reconcile(runtime, "ns", "demo")
     finally:

@@ -33,7 +33,7 @@ kubelet resolves), no kopf peering objects (the operator runs standalone).
 in each watched namespace. `create` next to `patch`: a server-side apply that creates an object is
 authorized as a create. */}}
 {{- define "mooncake-operator.applicationRules" -}}
-# The custom resource: kopf and the operator's watch cache watch it; kopf patches its finalizer; the
+# The custom resource: kopf watches it, and patches away the finalizer older operators added; the
 # reconcile reads it from the API server only after a conflict (or before the watch has delivered it).
 - apiGroups: ["serving.mooncake-operator.dev"]
   resources: ["mooncakeservings"]

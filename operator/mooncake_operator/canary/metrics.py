@@ -16,6 +16,8 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from mooncake_operator.canary.models import StoreCounters
 
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
@@ -29,14 +31,6 @@ SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 MODEL_LABEL = "model_name"
-
-_SAMPLE = re.compile(
-    r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)"
-    r"(?:\{(?P<labels>.*)\})?"
-    r"\s+(?P<value>\S+)(?:\s+-?\d+)?\s*$"
-)
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
-_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 class MetricsFormatError(ValueError):
@@ -67,7 +61,8 @@ _VLLM_SAMPLE_LINE = re.compile(r"^\s*vllm:", re.MULTILINE)
 
 
 def parse_samples(text: str, *, only: Collection[str] | None = None) -> list[Sample]:
-    """The samples of a Prometheus text exposition (comments and blank lines skipped).
+    """The samples of a Prometheus text exposition (comments and blank lines skipped), each line read
+    by prometheus_client's parser, one at a time so that an error names its line.
 
     With `only`, lines of other metrics are skipped before parsing: a vLLM page has hundreds of
     histogram buckets the canary does not read.
@@ -80,28 +75,34 @@ def parse_samples(text: str, *, only: Collection[str] | None = None) -> list[Sam
             continue
         if only is not None and _metric_name(stripped) not in only:
             continue
-        match = _SAMPLE.match(stripped)
-        if match is None:
-            raise MetricsFormatError(f"line {number} is not a Prometheus sample: {stripped[:120]!r}")
-        try:
-            value = float(match["value"])
-        except ValueError:
-            raise MetricsFormatError(f"line {number} has no numeric value: {stripped[:120]!r}") from None
-        labels = _parse_labels(match["labels"] or "", number)
-        series = (match["name"], tuple(sorted(labels.items())))
+        sample = _parse_line(stripped, number)
+        series = (sample.name, tuple(sorted(sample.labels.items())))
         if only is not None:
             # The counters the canary sums: one value per series, finite and not negative, or the sum
             # would be wrong (a duplicate doubles a hit; NaN or Inf are no count).
             if series in seen:
                 raise MetricsFormatError(f"line {number} repeats a series (duplicate): {stripped[:120]!r}")
-            if not math.isfinite(value) or value < 0:
+            if not math.isfinite(sample.value) or sample.value < 0:
                 raise MetricsFormatError(
-                    f"line {number}: {match['name']} is not a finite count ({match['value']}): "
-                    f"{stripped[:120]!r}"
+                    f"line {number}: {sample.name} is not a finite count ({sample.value}): {stripped[:120]!r}"
                 )
         seen.add(series)
-        samples.append(Sample(match["name"], labels, value))
+        samples.append(sample)
     return samples
+
+
+def _parse_line(line: str, number: int) -> Sample:
+    try:
+        [family] = text_string_to_metric_families(line + "\n")
+        [parsed] = family.samples
+    except (ValueError, IndexError) as error:  # the parser's errors (IndexError: on some hostile lines)
+        what = (
+            "has malformed labels"
+            if str(error).startswith("Invalid labels")
+            else "is not a Prometheus sample"
+        )
+        raise MetricsFormatError(f"line {number} {what}: {line[:120]!r} ({error})") from None
+    return Sample(parsed.name, dict(parsed.labels), float(parsed.value))
 
 
 class ModelSeriesError(ValueError):
@@ -184,18 +185,6 @@ def _metric_name(line: str) -> str:
         if position != -1:
             end = min(end, position)
     return line[:end]
-
-
-def _parse_labels(text: str, line_number: int) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    position = 0
-    while position < len(text.rstrip()):
-        match = _LABEL.match(text, position)
-        if match is None:
-            raise MetricsFormatError(f"line {line_number} has malformed labels: {{{text[:120]}}}")
-        labels[match[1]] = re.sub(r"\\[\\\"n]", lambda escaped: _UNESCAPE[escaped[0]], match[2])
-        position = match.end()
-    return labels
 
 
 def _total(samples: list[Sample], name: str) -> int | None:

@@ -15,10 +15,7 @@ FORMATS = ("yaml", "json")
 DESCRIPTION = """\
 Print the CRD to stdout (-o yaml, the default, or -o json), or write it as
 serving.mooncake-operator.dev_mooncakeservings.yaml into a directory with --output-dir DIR (the
-repository's copy: --output-dir crds).
-
--o/--output takes a FORMAT, as with kubectl. The old spelling, -o DIR / --output DIR, still writes into
-the directory, with a deprecation note; it will be removed."""
+repository's copy: --output-dir crds)."""
 
 
 def register(subparsers: Any) -> None:
@@ -28,7 +25,9 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("-o", "--output", metavar="FORMAT", help="yaml (default) or json, printed to stdout")
+    parser.add_argument(
+        "-o", "--output", choices=FORMATS, metavar="FORMAT", help="yaml (default) or json, printed to stdout"
+    )
     parser.add_argument("--output-dir", type=Path, metavar="DIR", help="directory to write the CRD into")
     parser.set_defaults(func=_run)
 
@@ -38,19 +37,6 @@ def _run(args: argparse.Namespace) -> int:
 
     directory: Path | None = args.output_dir
     output_format = args.output
-    if output_format is not None and output_format not in FORMATS:
-        if directory is not None:
-            print(
-                f"mooncake-operator crd: -o {output_format!r} is not a format ({', '.join(FORMATS)})",
-                file=sys.stderr,
-            )
-            return exit_codes.USAGE
-        print(
-            f"mooncake-operator crd: deprecated: -o/--output DIR; write --output-dir {output_format} "
-            "(-o now takes a format: yaml or json)",
-            file=sys.stderr,
-        )
-        directory, output_format = Path(output_format), None
     if directory is not None:
         if output_format is not None:
             print("mooncake-operator crd: give -o FORMAT or --output-dir DIR, not both", file=sys.stderr)

@@ -17,7 +17,7 @@ from kopf._core.engines.peering import Identity  # the type of kopf.run's identi
 from mooncake_operator import exit_codes
 from mooncake_operator.handlers import build_registry
 from mooncake_operator.kube import KubeClient, KubeConfigError
-from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings, default_identity
+from mooncake_operator.operator_lease import LeaderElector, LeadershipLost, LeaseSettings, default_identity
 from mooncake_operator.operator_settings import (
     DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
     DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
@@ -273,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
     kopf.configure(debug=args.debug, quiet=args.quiet)
     # One INFO line per API request (httpx's default) buries the operator's own lines.
     logging.getLogger("httpx").setLevel(logging.DEBUG if args.debug else logging.WARNING)
+    # kopf logs "Handler ... succeeded" at INFO for every MooncakeServing event its watch hands over.
+    logging.getLogger("kopf.objects").setLevel(logging.DEBUG if args.debug else logging.WARNING)
     if not args.leader_election:
         kopf.run(
             registry=build_registry(settings),

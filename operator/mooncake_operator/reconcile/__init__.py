@@ -1,8 +1,8 @@
 """Orchestration of a MooncakeServing: apply children, readiness, canary, status (kopf-free).
 
-`reconcile(runtime, namespace, name)` is what each resource's worker (`reconcile.worker`, run by a kopf
-daemon) calls; it reads from the watch cache (`reconcile.cache`). The modules below it are pure where they
-can be (children diffing, readiness, canary planning, status) and tested as such.
+`reconcile(runtime, namespace, name)` is what each resource's worker (`reconcile.worker`, started from
+kopf's watch events) calls; it reads from the watch cache (`reconcile.cache`). The modules below it are
+pure where they can be (children diffing, readiness, canary planning, status) and tested as such.
 """
 
 from mooncake_operator.metrics import ReconcileResult

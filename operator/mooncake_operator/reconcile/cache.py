@@ -1,18 +1,19 @@
-"""The operator's watch cache: MooncakeServings, their children and their pods, kept by watches.
+"""The operator's watch cache: MooncakeServings, their children and their pods.
 
 A reconcile reads its inputs here, never from the API server, so a resync with nothing to change makes
-no request at all. One list-then-watch per kind (and per watched namespace) keeps each store current:
-the children and pods through the server-side label selector `app.kubernetes.io/managed-by`, so only
-the operator's own objects travel. Objects are indexed by their owning resource (`namespace`, the
+no request at all. MooncakeServings are watched by kopf, whose event handler hands each event in
+(`record`): the kind is watched once. One list-then-watch per child kind (and per watched namespace)
+keeps the other stores current, through the server-side label selector `app.kubernetes.io/managed-by`,
+so only the operator's own objects travel. Objects are indexed by their owning resource (`namespace`, the
 `app.kubernetes.io/instance` label; a MooncakeServing owns itself), and every change calls `on_change`
 with that owner, which is how an event on a child (a pod became Ready, a replica was replaced, a child
 was edited or deleted) wakes the owner's reconcile at once.
 
-Why our own watches rather than kopf indexes: the cache also absorbs the objects the operator's own
-writes return (`remember`, wired to `KubeClient.on_write`), so the next reconcile never acts on a state
-older than what it wrote (a kopf index cannot be written to); it stores a projection (no managedFields;
-pods reduced to what readiness reads), compactly (below); and one event costs one store update, not a
-kopf handler invocation, for thousands of objects on few cores.
+Why our own watches of the children rather than kopf indexes: the cache also absorbs the objects the
+operator's own writes return (`remember`, wired to `KubeClient.on_write`), so the next reconcile never
+acts on a state older than what it wrote (a kopf index cannot be written to); it stores a projection
+(no managedFields; pods reduced to what readiness reads), compactly (below); and one event costs one
+store update, not a kopf handler invocation, for thousands of objects on few cores.
 
 Each object is kept as the compact JSON text of its projection and decoded on every read: as parsed dicts
 (every key and value a separate Python object, the keys copied per object) the 1,000 resources' objects
@@ -59,9 +60,9 @@ class WatchedKind:
     label_selector: str | None
 
 
+# Stored, but watched by kopf (handlers.py), which hands its events in through `WatchCache.record`.
 SERVING: Final = WatchedKind(api.API_VERSION, api.KIND, None)
 WATCHED_KINDS: Final = (
-    SERVING,
     WatchedKind("v1", "ConfigMap", MANAGED_SELECTOR),
     WatchedKind("v1", "Service", MANAGED_SELECTOR),
     WatchedKind("apps/v1", "Deployment", MANAGED_SELECTOR),
@@ -221,6 +222,14 @@ class Store:
     def delete(self, obj: Mapping[str, Any]) -> None:
         self._delete(_key(obj), resource_version(obj))
 
+    def apply(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        """A watch event (type None: listed): the object stored if newer, or deleted; a bookmark is
+        not an object."""
+        if event_type == "DELETED":
+            self.delete(obj)
+        elif event_type in (None, "ADDED", "MODIFIED"):
+            self.put(obj)
+
     def replace(self, items: Iterable[Mapping[str, Any]], namespace: str | None, version: str) -> None:
         """A fresh list (of one namespace, or of all): what it lacks is gone, unless stored after it."""
         listed: set[Key] = set()
@@ -274,7 +283,8 @@ class Wakes:
 
 
 class WatchCache:
-    """Stores for every watched kind, kept current by one list-then-watch per kind and namespace."""
+    """Stores for every watched kind, kept current by one list-then-watch per kind and namespace, and
+    the MooncakeServings' store, kept current by the events kopf's watch hands in (`record`)."""
 
     def __init__(
         self,
@@ -290,7 +300,7 @@ class WatchCache:
         self.watch_timeout_seconds = watch_timeout_seconds
         self.kinds = kinds
         self._on_change = on_change
-        self.stores = {(k.api_version, k.kind): Store(on_change) for k in kinds}
+        self.stores = {(k.api_version, k.kind): Store(on_change) for k in (SERVING, *kinds)}
         self._listed: set[tuple[WatchedKind, str | None]] = set()
         self._synced = asyncio.Event()
         self._kind_listed: dict[WatchedKind, asyncio.Event] = {}
@@ -339,6 +349,10 @@ class WatchCache:
         store = self.stores.get((str(obj.get("apiVersion")), str(obj.get("kind"))))
         if store is not None and (obj.get("metadata") or {}).get("namespace"):
             store.put(obj)
+
+    def record(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        """An event of kopf's watch of MooncakeServings."""
+        self.stores[(SERVING.api_version, SERVING.kind)].apply(event_type, obj)
 
     def forget(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         """An object a read found missing."""
@@ -390,10 +404,7 @@ class WatchCache:
                     int(obj.get("code") or 500), str(obj.get("reason")), str(obj.get("message"))
                 )
             version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-            if kind_of_event == "DELETED":
-                store.delete(obj)
-            elif kind_of_event in ("ADDED", "MODIFIED"):
-                store.put(obj)
+            store.apply(kind_of_event, obj)
         return version
 
     def _mark_listed(self, kind: WatchedKind, namespace: str | None) -> None:

@@ -13,14 +13,13 @@ owns; an edit of a field the operator owns is drift, put back by design.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from mooncake_operator import api
+from mooncake_operator.digests import json_digest
 from mooncake_operator.kube import KubeApiError, KubeClient
 from mooncake_operator.reconcile.cache import WatchCache
 from mooncake_operator.render import (
@@ -37,8 +36,7 @@ APPLIED_HASH_ANNOTATION = f"{api.GROUP}/applied-hash"
 
 
 def manifest_hash(manifest: Mapping[str, Any]) -> str:
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    return json_digest(manifest)
 
 
 def with_applied_hash(manifest: Manifest) -> Manifest:

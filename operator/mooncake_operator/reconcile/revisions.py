@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing, MooncakeServingSpec
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.reconcile.cache import WatchCache
 
 REVISION_ANNOTATION = f"{api.GROUP}/revision"
 SPEC_KEY = "spec.json"
@@ -88,13 +87,6 @@ def verified_last_good(
             f"{recorded}: it was changed after the canary proved it"
         )
     return stored, None
-
-
-def read_last_good(cache: WatchCache, resource: MooncakeServing) -> LastGood | None:
-    config_map = cache.get(
-        "v1", "ConfigMap", resource.metadata.namespace, config_map_name(resource.metadata.name)
-    )
-    return parse_last_good(config_map)
 
 
 async def write_last_good(

@@ -8,53 +8,33 @@ safety net only: every Kubernetes input arrives through the watches). Pokes that
 runs are kept, so a change made during one causes exactly one more; bursts within `COALESCE_SECONDS`
 cost one reconcile.
 
-When kopf stops the worker (the resource was deleted, the operator exits) a reconcile in progress is
-cancelled at once (`until_stopped`): kopf removes the finalizer only after the worker exited, and nothing
-a reconcile does matters for a deleted resource.
+`Workers` starts a resource's worker when kopf's watch reports the resource, and cancels it, with a
+reconcile in progress, once the resource is being deleted or the operator exits. The worker needs no
+finalizer: it cleans nothing up (the children go by their owner references), so a resource deleted while
+the operator is down is gone at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final
 
 from mooncake_operator import api
 from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile import proof
 from mooncake_operator.reconcile.actions import Outcome
+from mooncake_operator.reconcile.cache import WatchCache
 from mooncake_operator.reconcile.core import Runtime, reconcile
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 
 COALESCE_SECONDS: Final = 0.05
-T = TypeVar("T")
-
-
-class StopFlag(Protocol):
-    """What kopf passes a daemon as `stopped`: set when the resource is deleted or the operator exits."""
-
-    def wait(self) -> Awaitable[object]: ...
-
-
-async def until_stopped(work: Awaitable[T], stopped: StopFlag) -> T | None:
-    """Awaits `work` unless `stopped` is set first, then cancels it (None).
-
-    kopf removes the finalizer of a deleted resource only after its daemon exited and, when one does not
-    exit at once, checks again only every `cancellation_polling` seconds: a reconcile busy in a canary
-    would hold the deletion that long, though nothing it does matters for a deleted resource.
-    """
-    task = asyncio.ensure_future(work)
-    stop = asyncio.ensure_future(stopped.wait())
-    try:
-        await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for pending in (task, stop):
-            pending.cancel()  # a no-op for the one that finished
-        await asyncio.gather(task, stop, return_exceptions=True)
-    return None if task.cancelled() else task.result()
+# After a reconcile raised a bug: kopf's delay before it restarted a daemon that raised, kept.
+RESTART_SECONDS: Final = 60.0
 
 
 def interval_due_in(body: dict[str, Any] | None, now: datetime) -> float | None:
@@ -102,30 +82,66 @@ def log_outcome(namespace: str, name: str, outcome: Outcome, previous: Outcome |
     logger.log(level, "%s/%s %s: %s%s", namespace, name, outcome.result.value, outcome.message, retry)
 
 
-async def run_worker(runtime: Runtime, namespace: str, name: str, stopped: StopFlag) -> None:
-    """Reconciles `namespace/name` until `stopped` (kopf stops the daemon on deletion and at exit)."""
+async def run_worker(runtime: Runtime, namespace: str, name: str) -> None:
+    """Reconciles `namespace/name` until cancelled (`Workers`: the resource was deleted, or the operator
+    exits), which cancels a reconcile in progress at once: nothing it does matters any more."""
     wake = runtime.wakes.register(namespace, name)
-    stop = asyncio.ensure_future(stopped.wait())
     previous: Outcome | None = None
     try:
-        while not stop.done():
+        while True:
             wake.clear()
-            outcome = await until_stopped(reconcile(runtime, namespace, name), stopped)
-            if outcome is None:
-                break
+            try:
+                outcome = await reconcile(runtime, namespace, name)
+            except Exception:
+                # A bug, not the API server (whose errors are outcomes): logged, and tried again later.
+                logger.exception(
+                    "%s/%s: the reconcile failed; retrying in %g s", namespace, name, RESTART_SECONDS
+                )
+                await asyncio.sleep(RESTART_SECONDS)
+                continue
             log_outcome(namespace, name, outcome, previous)
             previous = outcome
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for can swallow a cancellation that lands
+            # as the wake-up does, and the worker would outlive its resource or the operator.
             woken = asyncio.ensure_future(wake.wait())
-            await asyncio.wait(
-                {woken, stop},
-                timeout=next_delay(runtime, namespace, name, outcome),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            woken.cancel()
-            if wake.is_set() and not stop.done():
+            try:
+                await asyncio.wait({woken}, timeout=next_delay(runtime, namespace, name, outcome))
+            finally:
+                woken.cancel()
+            if wake.is_set():
                 await asyncio.sleep(COALESCE_SECONDS)
     finally:
-        stop.cancel()
-        await asyncio.gather(stop, return_exceptions=True)
         runtime.wakes.unregister(namespace, name)
         runtime.forget(namespace, name)
+
+
+@dataclass
+class Workers:
+    """One worker task per MooncakeServing that exists and is not being deleted, started and stopped by
+    the events of kopf's watch (`observe`), which it also hands to the watch cache."""
+
+    cache: WatchCache
+    work: Callable[[str, str], Coroutine[Any, Any, None]]  # the worker of (namespace, name)
+    tasks: dict[tuple[str, str], asyncio.Task[None]] = field(default_factory=dict)
+
+    async def observe(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
+        """One event of kopf's watch (type None: listed). A worker is stopped once its resource is being
+        deleted, and awaited, so that a resource created again under the name gets a fresh one."""
+        self.cache.record(event_type, obj)
+        metadata = obj.get("metadata") or {}
+        key = (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
+        if event_type == "DELETED" or metadata.get("deletionTimestamp"):
+            await self.stop(key)
+        elif key not in self.tasks:
+            self.tasks[key] = asyncio.create_task(self.work(*key), name=f"worker {key[0]}/{key[1]}")
+
+    async def stop(self, key: tuple[str, str]) -> None:
+        task = self.tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Stops every worker (the operator exits)."""
+        for key in list(self.tasks):
+            await self.stop(key)

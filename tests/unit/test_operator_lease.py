@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.leader import LeaderElector, LeadershipLost, LeaseSettings, holder_of
+from mooncake_operator.operator_lease import LeaderElector, LeadershipLost, LeaseSettings, holder_of
 
 pytestmark = pytest.mark.unit
 

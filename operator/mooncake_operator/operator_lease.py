@@ -24,7 +24,7 @@ from typing import Any
 
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
 
-logger = logging.getLogger("mooncake_operator.leader")
+logger = logging.getLogger("mooncake_operator.operator_lease")
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 LEASE_KIND = "Lease"
