@@ -80,8 +80,9 @@ CONTROLLERS = ("*", "-cloud-node-lifecycle", "-route", "-service", "-nodeipam")
 CLONE_NEWNET = 0x40000000
 # The product requests nvidia.com/gpu = tensorParallelSize for every replica. This node has no GPU
 # and no device plugin: it advertises the count as an extended resource (capacity only, no device
-# reaches a container) so the scheduler places the example's two TP-1 replicas.
-ADVERTISED_GPUS = 2
+# reaches a container) so the scheduler places the example's two TP-1 replicas, and a third when the
+# node tier scales the resource to three.
+ADVERTISED_GPUS = 3
 GPU_RESOURCE = "nvidia.com/gpu"
 
 Log = Callable[[str], None]
