@@ -86,6 +86,8 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
             ("ReplicasReady", "True"),
             ("CanaryPassed", "True"),
             ("Ready", "True"),
+            ("Reconciling", "False"),
+            ("Stalled", "False"),
         ]
         assert status["observedGeneration"] == ready["metadata"]["generation"]
         assert status["replicas"] == {"desired": 2, "ready": 2}
