@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 from tests.support import cluster, kube_node
+from tests.support.fault_load import success_count
 from tests.support.kube_node import kubectl
 
 from mooncake_operator import render
@@ -166,15 +167,6 @@ def test_deleting_the_resource_removes_its_pods(node_cluster: kube_node.Images) 
     )
 
 
-def _request_count(pod_ip: str) -> float:
-    text = httpx.get(f"http://{pod_ip}:8000/metrics", timeout=10).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:request_success_total{")
-    )
-
-
 def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_node.Images) -> None:
     kubectl(["apply", "-f", "-"], input=json.dumps(cluster.example_resource(node_cluster.engine_buggy)))
     assert cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT) == "CanaryFailed"
@@ -188,7 +180,7 @@ def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_n
     held_ips = {p["status"]["podIP"] for p in held}
     assert not serving_ips & held_ips, (serving_ips, held_ips)
     # A request through the client Service: it never reaches a held replica.
-    before = {ip: _request_count(ip) for ip in held_ips}
+    before = {ip: success_count(ip) for ip in held_ips}
     service_ip = get_json("get", "service", NAME, "--namespace=default")["spec"]["clusterIP"]
     body = {
         **customer_request(),
@@ -201,7 +193,7 @@ def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_n
     except httpx.HTTPError as error:  # every replica held: nothing serves the Service
         reached = repr(error)
         assert not serving_ips, f"the Service has endpoints {serving_ips} but the request failed: {error}"
-    after = {ip: _request_count(ip) for ip in held_ips}
+    after = {ip: success_count(ip) for ip in held_ips}
     assert after == before, f"a held replica served the request ({reached}): {before} -> {after}"
 
 

@@ -270,6 +270,19 @@ def next_held(current: MooncakeServingStatus, fresh: CanaryRun | None, *, enable
     return sorted(held)
 
 
+def traffic_entry(pod: PodInfo, serving: bool, reason: str, proven_by: str | None = None) -> PodTraffic:
+    """One pod's traffic record: who it is, whether it serves, and why."""
+    return PodTraffic(
+        name=pod.name,
+        uid=pod.uid,
+        revision=pod.revision,
+        serving=serving,
+        reason=reason,
+        proven_by=proven_by,
+        restarts=pod.restarts,
+    )
+
+
 def pod_traffic(
     pod: PodInfo,
     previous: PodTraffic | None,
@@ -281,15 +294,7 @@ def pod_traffic(
     """Whether one pod serves, and why."""
 
     def entry(serving: bool, reason: str, proven_by: str | None = None) -> PodTraffic:
-        return PodTraffic(
-            name=pod.name,
-            uid=pod.uid,
-            revision=pod.revision,
-            serving=serving,
-            reason=reason,
-            proven_by=proven_by,
-            restarts=pod.restarts,
-        )
+        return traffic_entry(pod, serving, reason, proven_by)
 
     revision = pod.revision or "unknown"
     previous = unproven_if_restarted(pod, previous)
@@ -335,14 +340,7 @@ def other_set_traffic(
     rollout), out once the client Service switched to `switched_to`."""
 
     def out(reason: str) -> PodTraffic:
-        return PodTraffic(
-            name=pod.name,
-            uid=pod.uid,
-            revision=pod.revision,
-            serving=False,
-            reason=reason,
-            restarts=pod.restarts,
-        )
+        return traffic_entry(pod, False, reason)
 
     if switched_to is not None:
         return out(f"replaced by replica set {switched_to} (BlueGreen switch); its set is removed")
