@@ -181,6 +181,72 @@ def print_canary_failure(name: str, status: dict[str, Any], namespace: str = "de
                 print(f"  its last log lines:\n{previous}", file=sys.stderr)
 
 
+def describe(name: str, namespace: str = "default") -> str:
+    """The state a timed-out wait needs to be understood after the session tore the cluster down: the
+    resource's status, its pods (scheduling, containers), the namespace's latest events, the operator's
+    log tail. Each part is best effort: a part that cannot be read says why."""
+    parts: list[str] = []
+
+    def part(title: str, read: Any) -> None:
+        try:
+            parts.append(f"--- {title}\n{read()}")
+        except (ClusterError, KeyError, ValueError) as error:
+            parts.append(f"--- {title}: unreadable: {error}")
+
+    def serving() -> str:
+        status = get_serving(name, namespace).get("status") or {}
+        lines = [f"phase {status.get('phase')}, replicas {status.get('replicas')}"]
+        for c in status.get("conditions") or []:
+            lines.append(f"{c['type']}={c['status']} {c.get('reason')}: {c.get('message')}")
+        canary = status.get("canary") or {}
+        lines.append(f"canary {canary.get('verdict')}: {canary.get('reason')}")
+        for pair in canary.get("pairs") or []:
+            route = f"{pair.get('writer')} -> {pair.get('reader')} {pair.get('request')}"
+            lines.append(f"  {route}: {pair.get('verdict')}: {pair.get('reason')}")
+        return "\n".join(lines)
+
+    def pods() -> str:
+        listing = json.loads(kubectl(["get", "pods", "-n", namespace, "-o", "json"]))
+        lines = []
+        for pod in listing["items"]:
+            conditions = ", ".join(
+                f"{c['type']}={c['status']}" + (f" ({c.get('message')})" if c.get("message") else "")
+                for c in pod["status"].get("conditions") or []
+            )
+            lines.append(f"{pod['metadata']['name']}: {pod['status'].get('phase')}; {conditions}")
+            for container in pod["status"].get("containerStatuses") or []:
+                lines.append(
+                    f"  {container['name']}: ready {container.get('ready')}, restarts "
+                    f"{container.get('restartCount')}, state {json.dumps(container.get('state'))}"
+                )
+        return "\n".join(lines)
+
+    def events() -> str:
+        listing = json.loads(kubectl(["get", "events", "-n", namespace, "-o", "json"]))
+        items = sorted(listing["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return "\n".join(
+            f"{e.get('lastTimestamp')} {e.get('type')} {e.get('reason')} "
+            f"{e['involvedObject'].get('name')}: {e.get('message')} (x{e.get('count')})"
+            for e in items[-40:]
+        )
+
+    def operator_log() -> str:
+        return kubectl(
+            [
+                "logs",
+                f"--namespace={OPERATOR_NAMESPACE}",
+                "--selector=app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator",
+                "--tail=80",
+            ]
+        )
+
+    part(f"{namespace}/{name}", serving)
+    part(f"pods in {namespace}", pods)
+    part(f"events in {namespace}", events)
+    part("operator log", operator_log)
+    return "\n".join(parts)
+
+
 def wait_for_verdict(name: str, timeout: float) -> str:
     """Prints each change of phase / ready replicas / conditions; returns Ready or CanaryFailed."""
     deadline = time.monotonic() + timeout
@@ -205,7 +271,9 @@ def wait_for_verdict(name: str, timeout: float) -> str:
             return "CanaryFailed"
         check_operator_running()
         time.sleep(3)
-    raise ClusterError(f"{name} neither Ready nor CanaryFailed after {timeout:.0f} s (last: {last})")
+    raise ClusterError(
+        f"{name} neither Ready nor CanaryFailed after {timeout:.0f} s (last: {last})\n{describe(name)}"
+    )
 
 
 @contextmanager
