@@ -1,6 +1,7 @@
 """How far the canary's logprob rule is from a wrong verdict, on real engines, over many salts.
 
-    flock /tmp/heavy.lock .venv/bin/python bench/canary_numerics.py [--salts 20] [--bound 0.2] [--out FILE]
+    flock /tmp/heavy.lock .venv/bin/python bench/canary_numerics.py [--salts 20] [--deterministic-salts 2]
+        [--bound 0.2] [--out FILE]
 
 One sandbox (real mooncake_master, two real vLLM CPU replicas, Eagle-3 as the customer's). The default
 suite (the customer's request + the four block-boundary requests, padded with the replicas' own
@@ -16,6 +17,11 @@ suite request (a fresh salt each), judged by the canary's own rule (`canary.dive
 - patched + perturbed reader (--bound): replica B serves the target with logits moved by at most
   BOUND nats (sandbox/perturbed_model.py). Same numbers.
 - buggy + perturbed reader: the corruption must still be called corruption.
+
+A salt changes only the cache key (`cache_salt`), never the computation: on the CPU engines the patched
+reader's tokens and logprobs are the same at every salt, so the two patched settings run
+--deterministic-salts salts (default 2) and the report says whether those runs were identical (if not,
+run them with --deterministic-salts 20); only the buggy reader's uninitialised block varies per salt.
 
 Re-executes itself in a loopback-only network namespace. JSON on stdout, progress on stderr. With
 --out FILE the report so far is also written there after every salt: a run stopped early (a salt costs
@@ -83,7 +89,10 @@ class Setting:
     name: str
     engine: EngineMode
     perturb_nats: float | None
+    salts: int
     pairs: list[dict[str, Any]] = field(default_factory=list)
+    # Per suite request: (tokens, logprobs) of the warm answer at each salt, to check determinism.
+    answers: dict[str, set[str]] = field(default_factory=dict)
     verdicts: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -113,6 +122,9 @@ class Setting:
                 "reasons": divergence.reasons,
             }
         self.pairs.append(row)
+        self.answers.setdefault(pair.request_name, set()).add(
+            json.dumps([(t.token, t.logprob) for t in warm or []])
+        )
         self.verdicts[pair.verdict.value] = self.verdicts.get(pair.verdict.value, 0) + 1
 
     def summary(self) -> dict[str, Any]:
@@ -130,6 +142,8 @@ class Setting:
             "engine": self.engine.value,
             "perturb_nats": self.perturb_nats,
             "pairs": len(self.pairs),
+            "salts": self.salts,
+            "same_answer_at_every_salt": all(len(seen) == 1 for seen in self.answers.values()),
             "verdicts": self.verdicts,
             "divergences": {"benign": len(benign), "corruption": len(corruption), "by_request": by_request},
             "corruption_outside_top_k": len(corruption) - len(margins),
@@ -153,12 +167,12 @@ async def run_setting(
     sandbox: Sandbox,
     setting: Setting,
     suite: list[SuiteEntry],
-    salts: int,
     checkpoint: Callable[[], None],
 ) -> None:
     await configure(sandbox, setting.engine, setting.perturb_nats)
     config = sandbox.canary_config(eagle=True).model_copy(update={"pairs": "first", "suite": suite})
     started = time.monotonic()
+    salts = setting.salts
     for salt in range(salts):
         result: CanaryResult = await sandbox.guard(run_canary(config))
         for pair in result.pairs:
@@ -168,7 +182,7 @@ async def run_setting(
         checkpoint()
 
 
-async def main_async(salts: int, bound: float, out: Path | None) -> dict[str, Any]:
+async def main_async(salts: int, deterministic_salts: int, bound: float, out: Path | None) -> dict[str, Any]:
     prepared = await asyncio.to_thread(
         prepare, tuple(EngineMode), log=lambda line: print(line, file=sys.stderr)
     )
@@ -182,16 +196,17 @@ async def main_async(salts: int, bound: float, out: Path | None) -> dict[str, An
         suite = [SuiteEntry(name=item.name, request=item.request, expectations=None) for item in built[1:]]
         # The two headline numbers first (largest drift, smallest margin): a run stopped early has them.
         settings = [
-            Setting("patched", EngineMode.PATCHED, None),
-            Setting("buggy", EngineMode.BUGGY, None),
-            Setting("buggy + perturbed reader", EngineMode.BUGGY, bound),
-            Setting("patched + perturbed reader", EngineMode.PATCHED, bound),
+            Setting("patched", EngineMode.PATCHED, None, deterministic_salts),
+            Setting("buggy", EngineMode.BUGGY, None, salts),
+            Setting("buggy + perturbed reader", EngineMode.BUGGY, bound, salts),
+            Setting("patched + perturbed reader", EngineMode.PATCHED, bound, deterministic_salts),
         ]
 
         def report() -> dict[str, Any]:
             perturbed = sandbox.perturbed_targets.get(bound)
             return {
                 "salts": salts,
+                "deterministic_salts": deterministic_salts,
                 "comparison": config.comparison.model_dump(),
                 "block_size": sandbox.block_size,
                 "suite": [
@@ -213,7 +228,7 @@ async def main_async(salts: int, bound: float, out: Path | None) -> dict[str, An
                 out.write_text(json.dumps(report(), indent=2))
 
         for setting in settings:
-            await run_setting(sandbox, setting, suite, salts, checkpoint)
+            await run_setting(sandbox, setting, suite, checkpoint)
         return report()
 
 
@@ -228,7 +243,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--salts", type=int, default=20, help="canary pairs per engine setting (default 20)")
+    parser.add_argument("--salts", type=int, default=20, help="canary pairs per buggy setting (default 20)")
+    parser.add_argument(
+        "--deterministic-salts",
+        type=int,
+        default=2,
+        help="canary pairs per patched setting (default 2: a salt changes the cache key only)",
+    )
     parser.add_argument("--bound", type=_bound, default=0.2, help="the reader's perturbation bound, nats")
     parser.add_argument(
         "--out", type=Path, metavar="FILE", help="also write the report so far here after every salt"
@@ -237,7 +258,7 @@ def main() -> int:
     args = parser.parse_args()
     if not netns.in_private_netns() and netns.namespaces_permitted():
         netns.exec_in_netns([sys.executable, *sys.argv])
-    report = asyncio.run(main_async(args.salts, args.bound, args.out))
+    report = asyncio.run(main_async(args.salts, args.deterministic_salts, args.bound, args.out))
     if not args.all_pairs:
         report.pop("pairs")
     print(json.dumps(report, indent=2))
