@@ -43,7 +43,6 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator import netns
 from mooncake_operator.canary import CanaryResult, run_canary
 from mooncake_operator.canary.models import (
     Comparison,
@@ -54,7 +53,7 @@ from mooncake_operator.canary.models import (
     TokenLogprob,
 )
 from mooncake_operator.canary.request import default_suite, suite_cost
-from mooncake_operator.sandbox import EngineMode, Sandbox, SandboxOptions, prepare, start_sandbox
+from mooncake_sandbox import EngineMode, Sandbox, SandboxOptions, netns, prepare, start_sandbox
 
 A, B = 0, 1
 

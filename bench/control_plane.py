@@ -4,7 +4,7 @@ Ready means: kube-apiserver's /readyz answers 200 and, with the controller-manag
 ServiceAccount exists (its first visible work). Run inside the loopback-only namespace as the tests
 do, from the repository root:
 
-    .venv/bin/python -m mooncake_operator.netns -- .venv/bin/python bench/control_plane.py [--runs 3]
+    .venv/bin/python -m mooncake_sandbox.netns -- .venv/bin/python bench/control_plane.py [--runs 3]
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mooncake_operator.sandbox.cpu_stalls import CpuStallWatch
+from mooncake_sandbox.cpu_stalls import CpuStallWatch
 
 ROOT = Path(__file__).resolve().parents[1]
 # pytest's last line, e.g. "15 passed, 1 rerun in 821.31s (0:13:41)" or "1 failed, 14 passed in ...".
@@ -84,7 +84,7 @@ def machine_lock(path: Path | None) -> Iterator[None]:
 def run_tier(
     run: int, python: str, lock: Path | None, pytest_args: list[str], log_dir: Path | None
 ) -> RunRecord:
-    command = [python, "-m", "mooncake_operator.netns", "--", python, "-m", "pytest", "tests/e2e"]
+    command = [python, "-m", "mooncake_sandbox.netns", "--", python, "-m", "pytest", "tests/e2e"]
     command += ["-q", "-rR", "-p", "no:cacheprovider", *pytest_args]
     watch = CpuStallWatch()
     with machine_lock(lock):

@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from mooncake_operator.sandbox.buggy_engine import reintroduce_double_prune, revert_to_prefix_shape
+from mooncake_sandbox.buggy_engine import reintroduce_double_prune, revert_to_prefix_shape
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.engine.patcher_support import STORE_PREFIX, code_without_docstrings, load_patcher

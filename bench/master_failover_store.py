@@ -5,7 +5,7 @@ reader `MooncakeDistributedStore` following the leader through `etcd://`; the wr
 leader is SIGKILLed, and the reader polls one key until it reads it again (or gives up). Run it with the
 engine venv's python, in a loopback-only namespace:
 
-    .venv/bin/python -m mooncake_operator.netns -- \
+    .venv/bin/python -m mooncake_sandbox.netns -- \
         ~/.cache/mooncake-operator/engine-venv/bin/python bench/master_failover_store.py [--no-oplog]
 """
 

@@ -2,13 +2,13 @@
 # Can the real mooncake_master run as the rendered master pod runs it: uid 65532, no capabilities, no new
 # privileges, a read-only root filesystem? Run as root, inside a loopback-only network namespace and a
 # private mount namespace (nothing outside them is touched):
-#   .venv/bin/python -m mooncake_operator.netns -- unshare --mount --propagation private \
+#   .venv/bin/python -m mooncake_sandbox.netns -- unshare --mount --propagation private \
 #       bash bench/master_hardening.sh
 set -u
 venv="${ENGINE_VENV:-$HOME/.cache/mooncake-operator/engine-venv}"
 site=$(echo "$venv"/lib/python3*/site-packages)
 [ -x "$site/mooncake/mooncake_master" ] || { echo "no mooncake_master in $site: mooncake-operator sandbox prepare builds it" >&2; exit 2; }
-[ "${MOONCAKE_OPERATOR_NETNS:-}" = 1 ] || { echo "run me through python -m mooncake_operator.netns (see the header)" >&2; exit 2; }
+[ "${MOONCAKE_OPERATOR_NETNS:-}" = 1 ] || { echo "run me through python -m mooncake_sandbox.netns (see the header)" >&2; exit 2; }
 # A copy the unprivileged user can read (the engine venv lives under root's home), made before / goes ro.
 work=$(mktemp -d /dev/shm/master-hardening.XXXXXX)
 # Never `rm -r` here: the staging directories below are bind mounts of the real venv and Python. Unmount,

@@ -2,13 +2,13 @@
 # Which HTTP requests does the real mooncake_master answer on its metrics port? (docs/monitoring.md, "The
 # master's metrics port": it decides that no PodMonitor scrapes the master.) Inside a loopback-only
 # network namespace, the master bound to 127.0.0.1:
-#   .venv/bin/python -m mooncake_operator.netns -- bash bench/master_http_paths.sh
+#   .venv/bin/python -m mooncake_sandbox.netns -- bash bench/master_http_paths.sh
 # MOONCAKE_MASTER=path overrides the binary (default: the engine venv's).
 set -u
 venv="${ENGINE_VENV:-$HOME/.cache/mooncake-operator/engine-venv}"
 master="${MOONCAKE_MASTER:-$(echo "$venv"/lib/python3*/site-packages/mooncake/mooncake_master)}"
 [ -x "$master" ] || { echo "no mooncake_master at $master: mooncake-operator sandbox prepare builds it" >&2; exit 2; }
-[ "${MOONCAKE_OPERATOR_NETNS:-}" = 1 ] || { echo "run me through python -m mooncake_operator.netns (see the header)" >&2; exit 2; }
+[ "${MOONCAKE_OPERATOR_NETNS:-}" = 1 ] || { echo "run me through python -m mooncake_sandbox.netns (see the header)" >&2; exit 2; }
 port=9103
 body=$(mktemp)
 log=$(mktemp)

@@ -15,7 +15,7 @@ deleted -> recreated. Pods are made Ready by a watch-driven stand-in kubelet; ca
 fake vLLM replicas (a pool shared by the N resources, one pair of its own per reaction resource, so its
 first request marks the canary's start).
 
-    .venv/bin/python -m mooncake_operator.netns -- .venv/bin/python bench/operator_bench.py \\
+    .venv/bin/python -m mooncake_sandbox.netns -- .venv/bin/python bench/operator_bench.py \\
         [--resources 1000] [--operator PATH]
 
 `--operator` runs another build of the operator (e.g. an older checkout's .venv/bin/mooncake-operator)

@@ -5,12 +5,12 @@
 
 Runs with the ENGINE venv's python (torch, transformers); the first argument is the tiny models'
 directory (`mooncake-operator sandbox prepare` prints it). Builds the default suite for block size 32
-with the tiny target's own tokenizer (the chat template rendered as vLLM renders it), then decodes
-every request greedily in bf16 with Hugging Face transformers: the tiny target, and its copy perturbed
-by each bound (`sandbox/perturbed_model.py`, generated under /tmp if missing). Per request: the first
-token where the two answers part, the tie gap there (in the original's distribution), and the largest
-logprob drift of the shared tokens before it. transformers' CPU kernels are not vLLM's: this chooses
-a bound to try; the e2e tier and bench/canary_numerics.py measure on the real engines.
+with the tiny target's own tokenizer (the chat template rendered as vLLM renders it), then decodes every
+request greedily in bf16 with Hugging Face transformers: the tiny target, and its copy perturbed by each
+bound (`sandbox/mooncake_sandbox/perturbed_model.py`, generated under /tmp if missing). Per request: the
+first token where the two answers part, the tie gap there (in the original's distribution), and the
+largest logprob drift of the shared tokens before it. transformers' CPU kernels are not vLLM's: this
+chooses a bound to try; the e2e tier and bench/canary_numerics.py measure on the real engines.
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # type: ignore[imp
 
 from mooncake_operator.canary.request import TokenCount, build_suite, customer_request, suite_cost
 
-# Not imported from the sandbox package: it needs the operator's own dependencies (kopf).
-PERTURBATION_GENERATOR = (
-    Path(__file__).resolve().parents[1] / "operator/mooncake_operator/sandbox/perturbed_model.py"
-)
+# Run as a script, not imported from mooncake_sandbox: that package is not on this PYTHONPATH, and it
+# imports the operator's own dependencies, which the engine venv lacks.
+PERTURBATION_GENERATOR = Path(__file__).resolve().parents[1] / "sandbox/mooncake_sandbox/perturbed_model.py"
 
 BLOCK_SIZE = 32
 

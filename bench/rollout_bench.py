@@ -8,7 +8,7 @@ change the engine image (a new pod template), and time until the endpoints are e
 the new revision with the status Ready. Also reported: the fewest pods the client Service listed during the
 rollout (capacity left to users).
 
-    .venv/bin/python -m mooncake_operator.netns -- .venv/bin/python bench/rollout_bench.py \\
+    .venv/bin/python -m mooncake_sandbox.netns -- .venv/bin/python bench/rollout_bench.py \\
         [--load-seconds 3] [--repeats 3]
 """
 

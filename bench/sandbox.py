@@ -28,9 +28,8 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator import netns
 from mooncake_operator.canary import CanaryResult, chat, customer_request, run_canary
-from mooncake_operator.sandbox import EngineMode, Prepared, Sandbox, SandboxOptions, prepare, start_sandbox
+from mooncake_sandbox import EngineMode, Prepared, Sandbox, SandboxOptions, netns, prepare, start_sandbox
 
 GIB = 1024**3
 TARGETS = {"healthy_s": 60.0, "matrix_s": 300.0, "peak_rss_gib": 8.0}

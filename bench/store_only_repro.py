@@ -1,6 +1,6 @@
 """Store-only attempt at the transfer stall: mooncake_master + a writer and a reader process, no vLLM.
 
-    .venv/bin/python -m mooncake_operator.netns -- \
+    .venv/bin/python -m mooncake_sandbox.netns -- \
         ~/.cache/mooncake-operator/engine-venv/bin/python bench/store_only_repro.py MODE ROUNDS [--burn]
 
 Runs with the engine venv's python (it has `mooncake`), inside the loopback-only namespace (store clients

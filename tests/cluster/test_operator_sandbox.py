@@ -32,9 +32,8 @@ from tests.support.cpu_stalls import (  # noqa: F401 (fixtures: watch this modul
 
 from mooncake_operator import api
 from mooncake_operator.kube import KubeClient
-from mooncake_operator.netns import in_private_netns
 from mooncake_operator.reconcile.status import without_empty_strings
-from mooncake_operator.sandbox import (
+from mooncake_sandbox import (
     EngineMode,
     Sandbox,
     SandboxOptions,
@@ -42,6 +41,7 @@ from mooncake_operator.sandbox import (
     sandbox_spec,
     start_sandbox,
 )
+from mooncake_sandbox.netns import in_private_netns
 
 # Rerun (at most once, reported by pytest) only when a CPU of this machine stalled while the test ran
 # (tests/support/cpu_stalls.py, docs/sandbox.md): such a stall shows up as a store transfer failing
@@ -53,7 +53,7 @@ pytestmark = [
 ]
 
 RUN_IN_NETNS = (
-    ".venv/bin/python -m mooncake_operator.netns -- "
+    ".venv/bin/python -m mooncake_sandbox.netns -- "
     ".venv/bin/python -m pytest tests/cluster/test_operator_sandbox.py"
 )
 CANARY_TIMEOUT_S = 300

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from tests.support.cpu_stalls import cpu_stall_monitor, cpu_stall_watch  # noqa: F401 (fixtures)
 
-from mooncake_operator.netns import in_private_netns
-from mooncake_operator.sandbox import EngineMode, Prepared, prepare
+from mooncake_sandbox import EngineMode, Prepared, prepare
+from mooncake_sandbox.netns import in_private_netns
 
-RUN_IN_NETNS = ".venv/bin/python -m mooncake_operator.netns -- .venv/bin/python -m pytest -m e2e"
+RUN_IN_NETNS = ".venv/bin/python -m mooncake_sandbox.netns -- .venv/bin/python -m pytest -m e2e"
 
 
 @pytest.fixture(scope="session", autouse=True)

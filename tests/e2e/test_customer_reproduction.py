@@ -50,7 +50,7 @@ from mooncake_operator.canary import (
     scrape_counters,
 )
 from mooncake_operator.canary.models import DivergenceKind
-from mooncake_operator.sandbox import (
+from mooncake_sandbox import (
     EngineMode,
     MasterDownError,
     Prepared,
@@ -60,7 +60,7 @@ from mooncake_operator.sandbox import (
     SandboxSetupError,
     start_sandbox,
 )
-from mooncake_operator.sandbox.engines import patcher_script
+from mooncake_sandbox.engines import patcher_script
 
 # A failed test runs again, at most twice, with fresh salts, only when a CPU of this machine stalled
 # while it ran (tests/support/cpu_stalls.py; docs/sandbox.md): any other failure, a wrong answer above

@@ -17,7 +17,7 @@ import pytest
 from tests.support.cpu_stalls import stalled_during_test
 from tests.support.sandbox_command import run_sandbox_json
 
-from mooncake_operator.sandbox import Prepared
+from mooncake_sandbox import Prepared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.support.cpu_stalls import stalled_during_test
 
-from mooncake_operator.sandbox import Prepared
+from mooncake_sandbox import Prepared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 

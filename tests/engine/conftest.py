@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.sandbox.engine_env import cache_root
+from mooncake_sandbox.engine_env import cache_root
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-from mooncake_operator.sandbox.engine_env import cache_root
+from mooncake_sandbox.engine_env import cache_root
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_DIR = REPO / "images" / "vllm-mooncake"

@@ -14,7 +14,7 @@ import pytest
 from tests.engine.linkage_support import run_checker
 from tests.engine.patcher_support import BUILD_SCRIPT, COORDINATOR_RELPATH, run_patcher
 
-from mooncake_operator.sandbox.buggy_engine import (
+from mooncake_sandbox.buggy_engine import (
     make_buggy_overlay,
     reintroduce_double_prune,
     revert_to_prefix_shape,

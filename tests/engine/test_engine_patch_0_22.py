@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tests.engine.patcher_support import COORDINATOR_RELPATH, PATCHER, reference_wheel
 
-from mooncake_operator.sandbox.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
+from mooncake_sandbox.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
 
 pytestmark = pytest.mark.engine
 

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import yaml
 
-from mooncake_operator.sandbox.engine_env import cache_root
+from mooncake_sandbox.engine_env import cache_root
 
 KUBE_VERSION = "1.20.2"
 # scripts/build-kube's KUBE_BUILD: the version plus our local source patch level.

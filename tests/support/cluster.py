@@ -30,8 +30,8 @@ import yaml
 from tests.support import kube_node
 from tests.support.kube_node import ROOT, ClusterError, kubectl
 
-from mooncake_operator.sandbox.engine_env import cache_root
-from mooncake_operator.sandbox.models import models_dir
+from mooncake_sandbox.engine_env import cache_root
+from mooncake_sandbox.models import models_dir
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "minimax-m2.5-eagle3-cpu.yaml"

@@ -1,6 +1,6 @@
 """The e2e tiers' rerun rule: a failed test runs again only when a CPU of this machine stalled while it ran.
 
-The watch is the sandbox's own (`mooncake_operator.sandbox.cpu_stalls`: one pinned thread per CPU that
+The watch is the sandbox's own (`mooncake_sandbox.cpu_stalls`: one pinned thread per CPU that
 records wake-ups more than 5 s late), held for the whole test session. On 2026-12-01 every e2e failure
 on the store transport fell inside such a stall, confirmed by the kernel ("BUG: workqueue lockup ...
 stuck for 56s!"; docs/sandbox.md, "The cause"). A failure without one fails at once, HTTP 500 included.
@@ -21,7 +21,7 @@ from dataclasses import asdict
 
 import pytest
 
-from mooncake_operator.sandbox.cpu_stalls import CpuStall, CpuStallWatch
+from mooncake_sandbox.cpu_stalls import CpuStall, CpuStallWatch
 
 FAILURE_DETAIL_CHARS = 4000
 _session_watch: CpuStallWatch | None = None

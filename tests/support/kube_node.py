@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 from tests.support.apiserver import SERVICE_CLUSTER_IP_RANGE, ControlPlaneError, start_control_plane
 
-from mooncake_operator.sandbox.engine_env import cache_root
+from mooncake_sandbox.engine_env import cache_root
 
 NETNS = "mooncake-cluster"
 NETNS_PATH = Path("/run/netns") / NETNS

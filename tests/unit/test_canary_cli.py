@@ -274,7 +274,7 @@ def test_a_crash_is_an_internal_error_not_a_failed_verdict(
 
 def test_exit_code_3_means_the_same_in_canary_and_sandbox(capsys: pytest.CaptureFixture[str]) -> None:
     from mooncake_operator.canary import ExitCode
-    from mooncake_operator.commands import sandbox
+    from mooncake_sandbox import command as sandbox
 
     assert sandbox.ExitCode is ExitCode
     helps = []

@@ -8,7 +8,7 @@ import time
 import pytest
 from tests.support import cpu_stalls
 
-from mooncake_operator.sandbox.cpu_stalls import CpuStall, CpuStallWatch
+from mooncake_sandbox.cpu_stalls import CpuStall, CpuStallWatch
 
 
 class SteppingClock:

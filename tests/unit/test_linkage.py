@@ -30,7 +30,7 @@ from tests.engine.linkage_support import (
 )
 from tests.engine.patcher_support import BUILD_SCRIPT, reference_wheel
 
-from mooncake_operator.sandbox.engine_env import ENGINE_PINS
+from mooncake_sandbox.engine_env import ENGINE_PINS
 
 pytestmark = pytest.mark.unit
 

@@ -22,7 +22,6 @@ from mooncake_operator.api import (
     parse_resource,
 )
 from mooncake_operator.cli import build_parser
-from mooncake_operator.commands import sandbox as sandbox_command
 from mooncake_operator.commands.run import settings_from
 from mooncake_operator.engine_args import HaTopology, master_argv, replica_launch
 from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
@@ -30,8 +29,9 @@ from mooncake_operator.master_health import MasterView
 from mooncake_operator.reconcile import leader, plan, proof
 from mooncake_operator.reconcile.actions import PostEvent
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.sandbox import SandboxOptions
-from mooncake_operator.sandbox.ha import sandbox_ha_resource
+from mooncake_sandbox import SandboxOptions
+from mooncake_sandbox import command as sandbox_command
+from mooncake_sandbox.ha import sandbox_ha_resource
 
 pytestmark = pytest.mark.unit
 

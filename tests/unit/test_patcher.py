@@ -27,7 +27,7 @@ from tests.engine.patcher_support import (
     wheel_store_files,
 )
 
-from mooncake_operator.sandbox.buggy_engine import reintroduce_double_prune, revert_to_prefix_shape
+from mooncake_sandbox.buggy_engine import reintroduce_double_prune, revert_to_prefix_shape
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from tests.engine.patcher_support import (
     wheel_store_files,
 )
 
-from mooncake_operator.sandbox.buggy_engine import (
+from mooncake_sandbox.buggy_engine import (
     OVERLAY_STAMP,
     BuggyEngineError,
     make_buggy_overlay,

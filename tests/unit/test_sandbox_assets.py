@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.sandbox.engine_env import EngineEnv, cache_root, installation_problems
-from mooncake_operator.sandbox.engines import EngineMode, patcher_script, patcher_status, prepare_engine
-from mooncake_operator.sandbox.models import (
+from mooncake_sandbox.engine_env import EngineEnv, cache_root, installation_problems
+from mooncake_sandbox.engines import EngineMode, patcher_script, patcher_status, prepare_engine
+from mooncake_sandbox.models import (
     GENERATOR,
     PERTURBATION_GENERATOR,
     TinyModels,

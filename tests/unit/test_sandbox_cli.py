@@ -12,18 +12,18 @@ import pytest
 from mooncake_operator import canary_policy
 from mooncake_operator.canary import customer_request
 from mooncake_operator.cli import build_parser
-from mooncake_operator.commands import sandbox as command
-from mooncake_operator.sandbox import (
+from mooncake_sandbox import (
     EngineMode,
     MasterDownError,
     Prepared,
     ReplicaDiedError,
     SandboxOptions,
     SandboxSetupError,
+    command,
 )
-from mooncake_operator.sandbox.engine_env import EngineEnv
-from mooncake_operator.sandbox.models import TinyModels
-from mooncake_operator.sandbox.runtime import canary_spec
+from mooncake_sandbox.engine_env import EngineEnv
+from mooncake_sandbox.models import TinyModels
+from mooncake_sandbox.runtime import canary_spec
 
 pytestmark = pytest.mark.unit
 

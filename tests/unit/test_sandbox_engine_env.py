@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.sandbox import SandboxSetupError, engine_env
-from mooncake_operator.sandbox.engine_env import (
+from mooncake_sandbox import SandboxSetupError, engine_env
+from mooncake_sandbox.engine_env import (
     CONFLICTING_DISTS,
     ENGINE_PINS,
     STAMP_NAME,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.sandbox.processes import (
+from mooncake_sandbox.processes import (
     ManagedProcess,
     free_port,
     group_members,

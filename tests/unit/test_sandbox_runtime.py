@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_operator.engine_args import replica_launch
-from mooncake_operator.sandbox import (
+from mooncake_sandbox import (
     EngineBuild,
     EngineMode,
     MasterDownError,
@@ -33,15 +33,15 @@ from mooncake_operator.sandbox import (
     sandbox_spec,
     start_sandbox,
 )
-from mooncake_operator.sandbox.engine_env import EngineEnv
-from mooncake_operator.sandbox.models import (
+from mooncake_sandbox.engine_env import EngineEnv
+from mooncake_sandbox.models import (
     PERTURBATION_GENERATOR,
     PerturbedTarget,
     TinyModels,
     perturbed_dir,
 )
-from mooncake_operator.sandbox.processes import group_members, port_is_free
-from mooncake_operator.sandbox.runtime import (
+from mooncake_sandbox.processes import group_members, port_is_free
+from mooncake_sandbox.runtime import (
     MASTER_EXTRA_ARGS,
     SANDBOX_RUNTIME_ENV,
     SERVER_MODULE,

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mooncake_operator.sandbox.ha import (
+from mooncake_sandbox.ha import (
     MAX_REDOS,
     LeaderChange,
     LeaderEpoch,
@@ -16,7 +16,7 @@ from mooncake_operator.sandbox.ha import (
     UnplannedLeaderChange,
     redo_after_unplanned_leader_changes,
 )
-from mooncake_operator.sandbox.progress import Progress
+from mooncake_sandbox.progress import Progress
 
 NODES = [MasterNode(index=i, rpc_port=50051 + i, metrics_port=9000 + i) for i in range(3)]
 

@@ -13,8 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from mooncake_operator.sandbox.engine_env import EngineEnv, Log
-from mooncake_operator.sandbox.errors import SandboxSetupError
+from mooncake_sandbox.engine_env import EngineEnv, Log
+from mooncake_sandbox.errors import SandboxSetupError
 
 GENERATOR = Path(__file__).with_name("tiny_models.py")
 PERTURBATION_GENERATOR = Path(__file__).with_name("perturbed_model.py")

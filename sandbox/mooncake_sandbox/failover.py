@@ -39,9 +39,9 @@ from mooncake_operator.canary import (
 )
 from mooncake_operator.canary.client import CounterScrapeError
 from mooncake_operator.canary.runner import PairMeasurement, measure_pair
-from mooncake_operator.sandbox.errors import SandboxError, SandboxSetupError
-from mooncake_operator.sandbox.ha import LeaderChange, UnplannedLeaderChange
-from mooncake_operator.sandbox.runtime import Sandbox
+from mooncake_sandbox.errors import SandboxError, SandboxSetupError
+from mooncake_sandbox.ha import LeaderChange, UnplannedLeaderChange
+from mooncake_sandbox.runtime import Sandbox
 
 SAVE_PUT = "save_put"
 WARM_LOAD_TIMEOUT_S = 300.0

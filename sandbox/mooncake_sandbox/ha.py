@@ -37,9 +37,9 @@ from mooncake_operator.api import EtcdSpec, ExternalEtcd, MasterHighAvailability
 from mooncake_operator.engine_args import HaTopology, master_argv
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.master_health import HEALTH_PATH, MasterView
-from mooncake_operator.sandbox.errors import MasterDownError, SandboxSetupError
-from mooncake_operator.sandbox.processes import ManagedProcess, free_port, stop_processes
-from mooncake_operator.sandbox.progress import Progress
+from mooncake_sandbox.errors import MasterDownError, SandboxSetupError
+from mooncake_sandbox.processes import ManagedProcess, free_port, stop_processes
+from mooncake_sandbox.progress import Progress
 
 LOOPBACK = "127.0.0.1"
 ETCD_PACKAGE_HINT = "install Debian's etcd-server (apt-get install etcd-server; scripts/bootstrap does)"

@@ -1,6 +1,6 @@
 """Run a command inside a fresh loopback-only network namespace.
 
-`python -m mooncake_operator.netns -- CMD...` re-executes CMD under `unshare --net` with the
+`python -m mooncake_sandbox.netns -- CMD...` re-executes CMD under `unshare --net` with the
 loopback interface up. Processes inside can reach only each other on 127.0.0.1, and vLLM's
 Mooncake store clients (which listen on 0.0.0.0 whatever they are told) are invisible from
 outside. Where namespaces are not permitted, CMD runs on the host network with a warning.
@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        print("usage: python -m mooncake_operator.netns -- COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: python -m mooncake_sandbox.netns -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     exec_in_netns(args)
     return 0  # unreachable: exec_in_netns never returns

@@ -14,10 +14,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import mooncake_operator
-from mooncake_operator.sandbox.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
-from mooncake_operator.sandbox.engine_env import EngineEnv, Log
-from mooncake_operator.sandbox.errors import SandboxSetupError
+from mooncake_sandbox.buggy_engine import make_buggy_overlay, revert_to_prefix_shape
+from mooncake_sandbox.engine_env import EngineEnv, Log
+from mooncake_sandbox.errors import SandboxSetupError
 
 PATCHER_RELPATH = Path("images/vllm-mooncake/patch_connector.py")
 
@@ -42,7 +41,7 @@ class EngineBuild:
 
 def patcher_script() -> Path:
     """The patcher shipped in the engine image, from this checkout."""
-    repo = Path(mooncake_operator.__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[2]  # sandbox/mooncake_sandbox/engines.py
     script = repo / PATCHER_RELPATH
     if not script.is_file():
         raise SandboxSetupError(
@@ -111,7 +110,7 @@ def _patcher(env: EngineEnv, patcher: Path, command: str, vllm_dir: Path) -> sub
 
 
 def _digest(installed: Path, patcher: Path) -> str:
-    import mooncake_operator.sandbox.buggy_engine as overlay_code
+    import mooncake_sandbox.buggy_engine as overlay_code
 
     hasher = hashlib.sha256()
     hasher.update(str(installed).encode())

@@ -43,20 +43,20 @@ from mooncake_operator.engine_args import (
     replica_launch,
 )
 from mooncake_operator.examples import customer_deployment
-from mooncake_operator.sandbox.cpu_stalls import CpuStallWatch
-from mooncake_operator.sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
-from mooncake_operator.sandbox.engines import EngineBuild, EngineMode, prepare_engine
-from mooncake_operator.sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSetupError
-from mooncake_operator.sandbox.ha import HaMasters, start_ha_masters
-from mooncake_operator.sandbox.models import (
+from mooncake_sandbox.cpu_stalls import CpuStallWatch
+from mooncake_sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
+from mooncake_sandbox.engines import EngineBuild, EngineMode, prepare_engine
+from mooncake_sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSetupError
+from mooncake_sandbox.ha import HaMasters, start_ha_masters
+from mooncake_sandbox.models import (
     PerturbedTarget,
     TinyModels,
     check_bound,
     ensure_perturbed_target,
     ensure_tiny_models,
 )
-from mooncake_operator.sandbox.processes import ManagedProcess, free_port, stop_processes, tree_rss_bytes
-from mooncake_operator.sandbox.progress import Progress
+from mooncake_sandbox.processes import ManagedProcess, free_port, stop_processes, tree_rss_bytes
+from mooncake_sandbox.progress import Progress
 
 LOOPBACK = "127.0.0.1"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"

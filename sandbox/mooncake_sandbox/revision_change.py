@@ -26,8 +26,8 @@ import httpx
 
 from mooncake_operator.canary import CanaryConfig, ChatAnswer, StoreCounters, Verdict, chat, scrape_counters
 from mooncake_operator.canary.client import CounterScrapeError
-from mooncake_operator.sandbox.errors import SandboxError
-from mooncake_operator.sandbox.runtime import Sandbox
+from mooncake_sandbox.errors import SandboxError
+from mooncake_sandbox.runtime import Sandbox
 
 NEW_REVISION = 2
 
