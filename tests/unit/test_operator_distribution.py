@@ -136,7 +136,7 @@ def test_without_the_sandbox_distribution_the_command_says_what_to_install() -> 
     done = _cli("block", "sandbox", "--engine", "buggy")
     assert done.returncode == 3, done.stderr
     assert "the sandbox is not installed: it is the mooncake-sandbox distribution" in done.stderr
-    assert "pip install -e sandbox/" in done.stderr
+    assert "pip install -e . -e sandbox/" in done.stderr
     assert "sandbox loaded: False" in done.stderr
     helped = _cli("block", "sandbox", "--help")
     assert helped.returncode == 0, helped.stderr

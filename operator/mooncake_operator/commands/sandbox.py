@@ -21,7 +21,7 @@ SUMMARY = "run the customer's deployment on real CPU engines here and prove it w
 DISTRIBUTION = "mooncake-sandbox"
 MISSING = (
     f"the sandbox is not installed: it is the {DISTRIBUTION} distribution, the folder sandbox/ of the "
-    "mooncake-operator repository (scripts/bootstrap installs it; or `pip install -e sandbox/` from a "
+    "mooncake-operator repository (scripts/bootstrap installs it; or `pip install -e . -e sandbox/` from a "
     "checkout). The operator's image does not carry it."
 )
 
