@@ -85,9 +85,9 @@ def resource(
 
 
 def invalid_sample() -> dict[str, Any]:
-    standing = status_module.invalid(["spec.replicas: must be >= 2"])
-    obj = resource("Invalid", standing.conditions[cond.READY])
-    assert standing.phase == "Invalid"
+    reported = status_module.invalid(["spec.replicas: must be >= 2"])
+    obj = resource("Invalid", reported.conditions[cond.READY])
+    assert reported.phase == "Invalid"
     return obj
 
 

@@ -59,8 +59,8 @@ def test_empty_strings_are_left_out() -> None:
 def test_not_ready(
     observation: Observation, revisions: Revisions, canary: CanaryStatus | None, phase: str, reason: str
 ) -> None:
-    standing = status.not_ready(observation, revisions, canary, enabled=True)
-    assert (standing.phase, standing.conditions[READY].reason, standing.conditions[READY].status) == (
+    reported = status.not_ready(observation, revisions, canary, enabled=True)
+    assert (reported.phase, reported.conditions[READY].reason, reported.conditions[READY].status) == (
         phase,
         reason,
         "False",
@@ -81,9 +81,9 @@ def test_not_ready(
 def test_settled(
     revisions: Revisions, canary: CanaryStatus | None, enabled: bool, phase: str, ready: str, reason: str
 ) -> None:
-    standing = status.settled(READY_OBSERVATION, revisions, canary, enabled=enabled, on_failure="Hold")
-    condition = standing.conditions[READY]
-    assert (standing.phase, condition.status, condition.reason) == (phase, ready, reason)
+    reported = status.settled(READY_OBSERVATION, revisions, canary, enabled=enabled, on_failure="Hold")
+    condition = reported.conditions[READY]
+    assert (reported.phase, condition.status, condition.reason) == (phase, ready, reason)
 
 
 def test_hold_says_the_failed_replicas_are_out_of_traffic() -> None:

@@ -151,7 +151,7 @@ class _Inputs:
 
 @dataclass(frozen=True)
 class _Plan:
-    standing: status.Standing  # phase and conditions (events are posted on phase transitions)
+    reported: status.PhaseAndConditions  # events are posted on phase transitions
     status: MooncakeServingStatus  # the whole next status
     traffic_labels: dict[str, str]  # pod name -> traffic label value, only pods whose label must change
     outcome: Outcome | None  # None exactly when a canary is ordered
@@ -443,7 +443,7 @@ def _must_roll_back(inputs: _Inputs, revisions: status.Revisions, canary: Canary
 
 def _next_status(
     inputs: _Inputs,
-    standing: status.Standing,
+    reported: status.PhaseAndConditions,
     revisions: status.Revisions,
     canary: CanaryStatus | None,
     held: list[str],
@@ -453,11 +453,11 @@ def _next_status(
     generation = inputs.resource.metadata.generation
     replicas = inputs.observation.replicas
     return MooncakeServingStatus(
-        phase=standing.phase,
+        phase=reported.phase,
         observed_generation=generation,
         conditions=merge_conditions(
             inputs.current.conditions,
-            standing.conditions,
+            reported.conditions,
             now=proof.format_time(inputs.now),
             generation=generation,
         ),
@@ -544,10 +544,13 @@ def _candidate_phase(canary: CanaryStatus | None, revision: str, observation: Ob
 
 
 def _settled_outcome(
-    standing: status.Standing, canary: CanaryStatus | None, revisions: status.Revisions, timing: Timing
+    reported: status.PhaseAndConditions,
+    canary: CanaryStatus | None,
+    revisions: status.Revisions,
+    timing: Timing,
 ) -> Outcome:
-    message = standing.conditions[READY].message
-    if standing.phase == "Ready":
+    message = reported.conditions[READY].message
+    if reported.phase == "Ready":
         return Outcome(ReconcileResult.READY, message)
     if revisions.rolled_back:
         return Outcome(ReconcileResult.ROLLED_BACK, message)
@@ -567,7 +570,7 @@ def _plan(inputs: _Inputs) -> _Plan:
     held = next_held(inputs.current, inputs.fresh, enabled=enabled)
 
     def planned(
-        standing: status.Standing,
+        reported: status.PhaseAndConditions,
         outcome: Outcome | None,
         *,
         run_canary: RunCanary | None = None,
@@ -592,22 +595,22 @@ def _plan(inputs: _Inputs) -> _Plan:
             removed += (sets.serving,)
         if sets.candidate is not None and roll_back:
             removed += (sets.candidate,)
-        next_status = _next_status(inputs, standing, revisions, canary, held, traffic, rollout)
+        next_status = _next_status(inputs, reported, revisions, canary, held, traffic, rollout)
         labels = label_changes(observation, traffic)
-        return _Plan(standing, next_status, labels, outcome, run_canary, record_last_good, tuple(removed))
+        return _Plan(reported, next_status, labels, outcome, run_canary, record_last_good, tuple(removed))
 
     if inputs.fresh is None and not observation.ready:
-        standing = status.not_ready(observation, revisions, canary, enabled=enabled)
-        message = standing.conditions[READY].message
+        reported = status.not_ready(observation, revisions, canary, enabled=enabled)
+        message = reported.conditions[READY].message
         outcome = Outcome(ReconcileResult.WAITING, message, inputs.timing.retry_delay_seconds)
-        return planned(standing, outcome, phase="Deploying")
+        return planned(reported, outcome, phase="Deploying")
     if not enabled:
-        standing = status.settled(
+        reported = status.settled(
             observation, revisions, canary, enabled=False, on_failure=spec.canary.on_failure
         )
         # BlueGreen without a canary: the candidate is switched to once all its replicas are Ready.
-        outcome = Outcome(ReconcileResult.READY, standing.conditions[READY].message)
-        return planned(standing, outcome, switched=sets.candidate is not None)
+        outcome = Outcome(ReconcileResult.READY, reported.conditions[READY].message)
+        return planned(reported, outcome, switched=sets.candidate is not None)
     if inputs.fresh is None:
         target = canary_target(inputs)
         why = proof.canary_due(
@@ -618,18 +621,18 @@ def _plan(inputs: _Inputs) -> _Plan:
             inconclusive_retry_seconds=inputs.timing.inconclusive_retry_seconds,
         )
         if why is not None:
-            standing = status.canary_running(observation, revisions, why)
-            return planned(standing, None, run_canary=RunCanary(target, why), phase="Canary")
+            reported = status.canary_running(observation, revisions, why)
+            return planned(reported, None, run_canary=RunCanary(target, why), phase="Canary")
     if _must_roll_back(inputs, revisions, canary):
         assert canary is not None  # checked by _must_roll_back
-        standing = status.rolling_back(observation, revisions, canary)
+        reported = status.rolling_back(observation, revisions, canary)
         revisions = dataclasses.replace(revisions, failed=revisions.desired)
         outcome = Outcome(
             ReconcileResult.ROLLED_BACK,
-            standing.conditions[READY].message,
+            reported.conditions[READY].message,
             retry_after=min(inputs.timing.retry_delay_seconds, 1.0),
         )
-        return planned(standing, outcome, roll_back=True)
+        return planned(reported, outcome, roll_back=True)
     failed_here = canary is not None and canary.verdict == "Failed"
     if failed_here and spec.canary.on_failure == "Rollback" and revisions.serving == revisions.desired:
         # A stored record that was changed after its canary is never rolled back to: say so.
@@ -647,9 +650,9 @@ def _plan(inputs: _Inputs) -> _Plan:
         and _covers(canary, revisions.serving, observation)
     )
     phase = None if switched else _candidate_phase(canary, revisions.serving, observation)
-    standing = status.settled(observation, revisions, canary, enabled=True, on_failure=spec.canary.on_failure)
-    outcome = _settled_outcome(standing, canary, revisions, inputs.timing)
-    return planned(standing, outcome, record_last_good=record, phase=phase, switched=switched)
+    reported = status.settled(observation, revisions, canary, enabled=True, on_failure=spec.canary.on_failure)
+    outcome = _settled_outcome(reported, canary, revisions, inputs.timing)
+    return planned(reported, outcome, record_last_good=record, phase=phase, switched=switched)
 
 
 # --- one pass: choose what to render, then decide from the snapshot --------------------------------------
@@ -726,7 +729,7 @@ def _decision(previous: MooncakeServingStatus, planned: _Plan, first: tuple[Acti
     actions = list(first)
     if planned.record_last_good is not None:
         actions.append(RecordLastGood(planned.record_last_good))
-    actions += _status_actions(previous, planned.standing, planned.status)
+    actions += _status_actions(previous, planned.reported, planned.status)
     if planned.traffic_labels:
         actions.append(SetTraffic(planned.traffic_labels))
     if planned.remove_sets:
@@ -742,30 +745,34 @@ def _ready_message(current: MooncakeServingStatus) -> str | None:
 
 
 def _status_actions(
-    previous: MooncakeServingStatus, standing: status.Standing, new: MooncakeServingStatus
+    previous: MooncakeServingStatus, reported: status.PhaseAndConditions, new: MooncakeServingStatus
 ) -> list[Action]:
-    """Write `new` (built from `standing`); an event on every phase transition, and for an invalid spec
+    """Write `new` (built from `reported`); an event on every phase transition, and for an invalid spec
     on every change of what is wrong."""
     actions: list[Action] = [WriteStatus(new)]
-    if standing.phase != previous.phase or (
-        standing.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
+    if reported.phase != previous.phase or (
+        reported.phase == "Invalid" and _ready_message(previous) != _ready_message(new)
     ):
         ready = find(new.conditions, READY)
-        reason = ready.reason if ready else standing.phase
-        message = f"{standing.phase}: {ready.message}" if ready else standing.phase
-        actions.append(PostEvent(reason, message, status.event_type(standing.phase, reason)))
+        reason = ready.reason if ready else reported.phase
+        message = f"{reported.phase}: {ready.message}" if ready else reported.phase
+        actions.append(PostEvent(reason, message, status.event_type(reported.phase, reason)))
     return actions
 
 
 def _not_reconciled(
-    current: MooncakeServingStatus, standing: status.Standing, *, generation: int | None, now: datetime
+    current: MooncakeServingStatus,
+    reported: status.PhaseAndConditions,
+    *,
+    generation: int | None,
+    now: datetime,
 ) -> list[Action]:
-    """`standing` written over the stored status, every other field kept."""
+    """`reported` written over the stored status, every other field kept."""
     conditions = merge_conditions(
-        current.conditions, standing.conditions, now=proof.format_time(now), generation=generation
+        current.conditions, reported.conditions, now=proof.format_time(now), generation=generation
     )
-    update = {"phase": standing.phase, "observed_generation": generation, "conditions": conditions}
-    return _status_actions(current, standing, current.model_copy(update=update))
+    update = {"phase": reported.phase, "observed_generation": generation, "conditions": conditions}
+    return _status_actions(current, reported, current.model_copy(update=update))
 
 
 def invalid(
@@ -780,6 +787,6 @@ def apply_failed(
     current: MooncakeServingStatus, message: str, *, generation: int | None, now: datetime, timing: Timing
 ) -> Decision:
     """The API server refused a child: Ready says why, retried soon."""
-    standing = status.apply_failed(message, current.phase)
-    actions = _not_reconciled(current, standing, generation=generation, now=now)
+    reported = status.apply_failed(message, current.phase)
+    actions = _not_reconciled(current, reported, generation=generation, now=now)
     return Decision(tuple(actions), Outcome(ReconcileResult.ERROR, message, timing.retry_delay_seconds))

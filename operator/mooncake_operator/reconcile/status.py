@@ -56,17 +56,17 @@ class Revisions:
 
 
 @dataclass(frozen=True)
-class Standing:
-    """The phase and the four conditions of one reconcile (not a canary's `Verdict`)."""
+class PhaseAndConditions:
+    """What one reconcile reports in `status.phase` and `status.conditions`."""
 
     phase: Phase
     conditions: dict[ConditionType, ConditionState]
 
 
-def invalid(problems: list[str]) -> Standing:
+def invalid(problems: list[str]) -> PhaseAndConditions:
     message = "the spec is invalid: " + "; ".join(problems)
     not_reconciled = cond.unknown(Reason.INVALID_SPEC, "not reconciled: the spec is invalid")
-    return Standing(
+    return PhaseAndConditions(
         "Invalid",
         {
             cond.MASTER_READY: not_reconciled,
@@ -77,10 +77,10 @@ def invalid(problems: list[str]) -> Standing:
     )
 
 
-def apply_failed(message: str, previous: Phase | None) -> Standing:
+def apply_failed(message: str, previous: Phase | None) -> PhaseAndConditions:
     """The API server refused a child: Ready says which and why; the phase stays what it was."""
     unknown = cond.unknown(Reason.APPLY_FAILED, "not reconciled: applying a child failed")
-    return Standing(
+    return PhaseAndConditions(
         previous or "Pending",
         {
             cond.MASTER_READY: unknown,
@@ -123,7 +123,7 @@ def canary_condition(canary: CanaryStatus | None, revisions: Revisions, *, enabl
 
 def not_ready(
     observation: Observation, revisions: Revisions, canary: CanaryStatus | None, *, enabled: bool
-) -> Standing:
+) -> PhaseAndConditions:
     """Master or replicas not ready: Pending before any pod exists, Deploying during a rollout, Degraded when
     a revision that already passed lost readiness."""
     workload = _workload_conditions(observation)
@@ -131,7 +131,7 @@ def not_ready(
         state.message for state in workload.values() if state.status != "True" and state.message
     )
     phase, ready = _not_ready_phase(observation, revisions, canary, detail)
-    return Standing(
+    return PhaseAndConditions(
         phase,
         {
             **workload,
@@ -159,9 +159,9 @@ def _proven(canary: CanaryStatus | None, revisions: Revisions) -> bool:
     return canary is not None and canary.target is not None and canary.target.revision == revisions.serving
 
 
-def canary_running(observation: Observation, revisions: Revisions, why: str) -> Standing:
+def canary_running(observation: Observation, revisions: Revisions, why: str) -> PhaseAndConditions:
     running = cond.unknown(Reason.CANARY_RUNNING, f"revision {revisions.serving}: {why}")
-    return Standing(
+    return PhaseAndConditions(
         "Canary",
         {
             **_workload_conditions(observation),
@@ -180,7 +180,7 @@ def settled(
     *,
     enabled: bool,
     on_failure: str,
-) -> Standing:
+) -> PhaseAndConditions:
     """Master and replicas ready; the last canary (or none, when disabled) decides."""
     workload = _workload_conditions(observation)
     canary_state = canary_condition(canary, revisions, enabled=enabled)
@@ -192,27 +192,29 @@ def settled(
                 f"good revision {revisions.serving}. Change the spec, or set the rerun-canary annotation "
                 "to retry it"
             )
-            return Standing("Degraded", {**conditions, cond.READY: cond.false(Reason.ROLLED_BACK, message)})
+            return PhaseAndConditions(
+                "Degraded", {**conditions, cond.READY: cond.false(Reason.ROLLED_BACK, message)}
+            )
         message = (
             f"revision {revisions.serving} serving; canary passed"
             if enabled
             else f"revision {revisions.serving} serving; canary disabled"
         )
-        return Standing("Ready", {**conditions, cond.READY: cond.true(Reason.READY, message)})
+        return PhaseAndConditions("Ready", {**conditions, cond.READY: cond.true(Reason.READY, message)})
     if canary_state.reason is Reason.CANARY_PENDING:
-        return Standing(
+        return PhaseAndConditions(
             "Canary", {**conditions, cond.READY: cond.false(Reason.CANARY_PENDING, canary_state.message)}
         )
     held = " Replicas that failed are out of the client Service." if on_failure == "Hold" else ""
     if revisions.rollback_refused:
         held += f" Rollback refused: {revisions.rollback_refused}."
-    return Standing(
+    return PhaseAndConditions(
         "CanaryFailed",
         {**conditions, cond.READY: cond.false(canary_state.reason, canary_state.message + held)},
     )
 
 
-def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryStatus) -> Standing:
+def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryStatus) -> PhaseAndConditions:
     """The spec's revision just failed; the last good one is about to be rendered again."""
     failed = cond.false(
         Reason.CANARY_FAILED, f"run {canary.run_id} against revision {revisions.desired}: {canary.reason}"
@@ -221,7 +223,7 @@ def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryS
         f"revision {revisions.desired} failed the canary; rolling back to the last good revision "
         f"{revisions.last_good}"
     )
-    return Standing(
+    return PhaseAndConditions(
         "Deploying",
         {
             **_workload_conditions(observation),
