@@ -948,9 +948,11 @@ class ModelSpec(ApiModel):
     revision: str | None = Field(
         default=None,
         min_length=1,
-        description="Model revision (commit). Pin it: replicas must load identical weights.",
+        description="Hugging Face revision of the weights. Pin a commit: replicas must load equal weights.",
     )
-    tokenizer_revision: str | None = Field(default=None, min_length=1, description="Tokenizer revision.")
+    tokenizer_revision: str | None = Field(
+        default=None, min_length=1, description="Hugging Face revision of the tokenizer."
+    )
     trust_remote_code: bool = Field(default=False, description="Pass --trust-remote-code.")
     max_model_len: int | None = Field(default=None, ge=1, description="Pass --max-model-len.")
     cache: ModelCache = Field(default_factory=ModelCache, description="Hugging Face cache volume.")
@@ -1132,7 +1134,9 @@ class EngineSpec(ApiModel):
 class SpeculativeSpec(ApiModel):
     method: Literal["eagle3"] = Field(default="eagle3", description="Speculative decoding method.")
     model: str | None = Field(default=None, min_length=1, description="Draft model id.")
-    revision: str | None = Field(default=None, min_length=1, description="Draft model revision (commit).")
+    revision: str | None = Field(
+        default=None, min_length=1, description="Hugging Face revision of the draft (a commit)."
+    )
     num_speculative_tokens: int = Field(default=3, ge=1)
     draft_tensor_parallel_size: int = Field(default=1, ge=1)
 
@@ -1662,7 +1666,9 @@ class PairEvidence(ApiModel):
 class CanaryTarget(ApiModel):
     """What a canary run was run against; a difference from the present state makes the next run due."""
 
-    revision: str = Field(description="Digest of the spec the replicas were rendered from.")
+    revision: str = Field(
+        description="Spec revision: the digest of the spec the replicas were rendered from."
+    )
     generation: int | None = Field(default=None, ge=0)
     replica_pods: list[str] = Field(
         default_factory=list,
@@ -1693,12 +1699,13 @@ class PodTraffic(ApiModel):
     name: str
     uid: str
     revision: str | None = Field(
-        default=None, description="The pod's controller-revision-hash: the pod template it runs."
+        default=None,
+        description="Pod template hash: the pod's controller-revision-hash, the pod template it runs.",
     )
     serving: bool = Field(description="Whether the client Service routes users to it (label traffic=on).")
     reason: str = ""
     proven_by: str | None = Field(
-        default=None, description="Run id of the canary that proved this pod at its revision."
+        default=None, description="Run id of the canary that proved this pod at its pod template."
     )
     restarts: int | None = Field(
         default=None,
@@ -1756,9 +1763,13 @@ class MooncakeServingStatus(ApiModel):
         description="The replica pods' label selector, for the scale subresource (HPA, KEDA).",
     )
     canary: CanaryStatus | None = None
-    last_good_revision: str | None = None
-    desired_revision: str | None = Field(default=None, description="Digest of the spec.")
-    serving_revision: str | None = Field(default=None, description="Digest of the spec the children run.")
+    last_good_revision: str | None = Field(
+        default=None, description="Spec revision the last passing canary proved (what Rollback restores)."
+    )
+    desired_revision: str | None = Field(default=None, description="Spec revision: the digest of the spec.")
+    serving_revision: str | None = Field(
+        default=None, description="Spec revision the children are rendered from."
+    )
     failed_revision: str | None = Field(
         default=None, description="Spec revision rolled back after a failure."
     )

@@ -1,5 +1,5 @@
 """User traffic on a real API server: the client Service's Endpoints (written by the real endpoints
-controller) list a replica pod only after a canary proved it at its revision.
+controller) list a replica pod only after a canary proved it at its pod template.
 
 `FakeKubelet(node=...)` binds pods to an absent node and gives them documentation-range IPs so that the
 endpoints controller lists them; Endpoints name each address's pod (`targetRef`), which tells a new pod
@@ -113,7 +113,7 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             assert entries["demo-replica-0"]["serving"] is True
             assert entries["demo-replica-0"]["uid"] == proven["demo-replica-0"].split("=")[1]
             assert entries["demo-replica-1"]["serving"] is False
-            assert entries["demo-replica-1"]["reason"].startswith("new pod at revision")
+            assert entries["demo-replica-1"]["reason"].startswith("new pod at pod template")
 
             # The rollout completes; the new revision's canary is Inconclusive: neither new pod serves.
             kubelet.hold.clear()

@@ -11,7 +11,7 @@ import pytest
 
 from mooncake_operator import api, render
 from mooncake_operator.reconcile.cache import POD_LABELS_READ, Store
-from mooncake_operator.reconcile.observe import REVISION_LABEL
+from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL
 
 pytestmark = pytest.mark.unit
 
@@ -68,12 +68,12 @@ def test_an_owned_child_is_kept_and_goes_when_it_loses_its_owner() -> None:
 
 
 def test_a_pod_keeps_only_the_labels_the_operator_reads() -> None:
-    assert REVISION_LABEL in POD_LABELS_READ
+    assert TEMPLATE_HASH_LABEL in POD_LABELS_READ
     store = Store(lambda namespace, owner: None)
     read = {
         render.LABEL_INSTANCE: "demo",
         render.LABEL_COMPONENT: render.COMPONENT_REPLICA,
-        REVISION_LABEL: "abc",
+        TEMPLATE_HASH_LABEL: "abc",
         render.TRAFFIC_LABEL: "on",
     }
     noise = {f"example.com/label-{i}": "v" * 63 for i in range(2_000)}

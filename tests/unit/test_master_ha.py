@@ -238,7 +238,7 @@ def pod(name: str, uid: str = "") -> PodInfo:
         uid=uid or f"uid-{name}",
         ready=True,
         terminating=False,
-        revision="r",
+        template_hash="r",
         restarts=0,
         traffic=None,
     )

@@ -16,7 +16,7 @@ from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
 from mooncake_operator.reconcile.children import with_applied_hash
-from mooncake_operator.reconcile.observe import REVISION_LABEL
+from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL
 
 pytestmark = pytest.mark.unit
 
@@ -182,7 +182,7 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
     labels = {
         **render.selector(resource, render.COMPONENT_REPLICA),
         render.LABEL_MANAGED_BY: render.MANAGED_BY,
-        REVISION_LABEL: "hash-a",
+        TEMPLATE_HASH_LABEL: "hash-a",
         render.TRAFFIC_LABEL: traffic,
     }
     world.put(

@@ -14,13 +14,13 @@ pytestmark = pytest.mark.unit
 
 
 def pod(
-    name: str, *, ready: bool = True, revision: str = "rev-2", restarts: int = 0, **meta: Any
+    name: str, *, ready: bool = True, template_hash: str = "rev-2", restarts: int = 0, **meta: Any
 ) -> dict[str, Any]:
     return {
         "metadata": {
             "name": name,
             "uid": f"uid-{name}",
-            "labels": {"controller-revision-hash": revision, render.TRAFFIC_LABEL: "on"},
+            "labels": {"controller-revision-hash": template_hash, render.TRAFFIC_LABEL: "on"},
             **meta,
         },
         "status": {
@@ -41,9 +41,9 @@ def workload(generation: int = 2, observed: int = 2, **status: Any) -> dict[str,
 RESOURCE: api.MooncakeServing = customer_deployment()  # 2 replicas, named minimax-m25
 
 
-def test_pod_info_reads_readiness_revision_restarts_and_traffic() -> None:
+def test_pod_info_reads_readiness_template_hash_restarts_and_traffic() -> None:
     info = pod_info(pod("p", restarts=2, deletionTimestamp="now"))
-    assert (info.ready, info.terminating, info.revision, info.restarts, info.traffic) == (
+    assert (info.ready, info.terminating, info.template_hash, info.restarts, info.traffic) == (
         True,
         True,
         "rev-2",
@@ -70,14 +70,14 @@ def test_the_master_is_ready_once_rolled_out_with_a_ready_pod() -> None:
     assert replaced.ready and replaced.pod is not None and replaced.pod.name == "m-1"
 
 
-def test_replicas_are_ready_when_every_pod_is_ready_at_the_update_revision() -> None:
+def test_replicas_are_ready_when_every_pod_is_ready_at_the_current_template() -> None:
     sts = workload(updateRevision="rev-2")
     names = render.replica_pod_names(RESOURCE)
     state = replica_state(RESOURCE, sts, [pod(name) for name in names])
     assert state.all_ready and state.ready == 2 and state.message == "2/2 replicas ready"
-    rolling = replica_state(RESOURCE, sts, [pod(names[0]), pod(names[1], revision="rev-1")])
+    rolling = replica_state(RESOURCE, sts, [pod(names[0]), pod(names[1], template_hash="rev-1")])
     assert not rolling.all_ready
-    assert rolling.message == f"1/2 replicas ready; previous revision: {names[1]}"
+    assert rolling.message == f"1/2 replicas ready; previous pod template: {names[1]}"
     missing = replica_state(RESOURCE, sts, [pod(names[0])])
     assert missing.message == f"1/2 replicas ready; not created yet: {names[1]}"
     unready = replica_state(RESOURCE, sts, [pod(names[0]), pod(names[1], ready=False)])

@@ -107,7 +107,7 @@ def run(
 
 def serving_entry(p: PodInfo, run_id: str = "run-1") -> PodTraffic:
     return PodTraffic(
-        name=p.name, uid=p.uid, revision=p.revision, serving=True, reason="proven", proven_by=run_id
+        name=p.name, uid=p.uid, revision=p.template_hash, serving=True, reason="proven", proven_by=run_id
     )
 
 
@@ -435,17 +435,17 @@ def test_every_pod_says_why_it_serves_or_not() -> None:
     passed = decide(CASES["pass: proven pods get traffic, last good recorded"]).status.traffic
     assert passed is not None
     assert [(p.proven_by, p.revision) for p in passed.pods] == [("run-2", "hash-new")] * 2
-    assert passed.pods[0].reason == "proven by canary run run-2 at revision hash-new"
+    assert passed.pods[0].reason == "proven by canary run run-2 at pod template hash-new"
     held = decide(CASES["Hold, first rollout fails: nobody was proven, the blamed pod is held"]).status
     assert held.out_of_traffic == [P1.name]
     assert held.traffic is not None
     reasons = {p.name: p.reason for p in held.traffic.pods}
-    assert reasons[P0.name] == "not proven: canary run run-2 at revision hash-new was Failed"
+    assert reasons[P0.name] == "not proven: canary run run-2 at pod template hash-new was Failed"
     assert reasons[P1.name].startswith("held: a failed canary blamed this replica")
     waiting = decide(CASES["new revision ready: canary ordered, pods stay off"]).status.traffic
     assert waiting is not None
     assert {p.reason for p in waiting.pods} == {
-        "new pod at revision hash-new: waits for a canary to prove it"
+        "new pod at pod template hash-new: waits for a canary to prove it"
     }
 
 
@@ -466,7 +466,7 @@ def test_the_rollback_records_the_failed_revision_and_keeps_the_failed_run() -> 
     assert decided.status.canary is not None and decided.status.canary.verdict == "Failed"
     assert decided.status.out_of_traffic == [P1.name]
     # ... and the next pass chooses the last good spec.
-    choice = plan.choose_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
+    choice = plan.choose_spec_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
     assert (choice.revisions.serving, choice.revisions.failed) == (OLD_RB, NEW_RB)
     assert choice.spec.engine.image == OLD_IMAGE
 
@@ -486,7 +486,7 @@ def test_choose_revision(
     served: MooncakeServing, failed: str | None, last_good: LastGood | None, serving: str
 ) -> None:
     current = MooncakeServingStatus(failed_revision=failed, canary=run("Failed", P0, P1, revision=NEW_RB))
-    assert plan.choose_revision(served, current, last_good).revisions.serving == serving
+    assert plan.choose_spec_revision(served, current, last_good).revisions.serving == serving
 
 
 def test_a_status_without_a_traffic_record_keeps_the_pods_the_last_pass_proved() -> None:

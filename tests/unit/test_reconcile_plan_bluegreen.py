@@ -334,7 +334,7 @@ def test_a_failure_with_rollback_removes_the_candidate() -> None:
     assert (rollout.serving_set, rollout.candidate_set) == (BLUE, None)
     assert "Rollback" in rollout.message
     # The next pass renders the last good spec: its template is the serving set's, so no candidate.
-    after = plan.choose_revision(res, decision.status, last_good)
+    after = plan.choose_spec_revision(res, decision.status, last_good)
     template = render.replica_template_id(res.model_copy(update={"spec": after.spec}))
     assert template == T_OLD
     sets = plan.choose_sets(res, decision.status, [LiveSet(BLUE, T_OLD)], template)

@@ -29,7 +29,7 @@ def stored(spec_json: str | None = None) -> dict[str, object]:
 def test_the_recorded_revision_is_trusted() -> None:
     last_good, refusal = verified_last_good(stored(), GOOD)
     assert refusal is None
-    assert last_good is not None and last_good.revision == GOOD
+    assert last_good is not None and last_good.spec_revision == GOOD
 
 
 def test_an_edited_spec_is_refused_with_both_digests() -> None:

@@ -8,7 +8,7 @@ from mooncake_operator.api import CanaryStatus, CanaryTarget
 from mooncake_operator.conditions import READY
 from mooncake_operator.reconcile import status
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.status import Revisions, merge_patch, without_empty_strings
+from mooncake_operator.reconcile.status import SpecRevisions, merge_patch, without_empty_strings
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +20,7 @@ DEPLOYING = Observation(
     MasterState(True, "master ready", POD), ReplicaState(2, 1, True, "1/2 replicas ready", (POD,))
 )
 NO_PODS = Observation(MasterState(False, "master pod not created yet"), ReplicaState(2, 0, False, "0/2"))
-SPEC = Revisions(desired="r2", serving="r2", failed=None, last_good="r1")
+SPEC = SpecRevisions(desired="r2", serving="r2", failed=None, last_good="r1")
 
 
 def run(verdict: str, revision: str = "r2") -> CanaryStatus:
@@ -52,12 +52,12 @@ def test_empty_strings_are_left_out() -> None:
     [
         (NO_PODS, SPEC, None, "Pending", "Pending"),
         (DEPLOYING, SPEC, None, "Deploying", "Deploying"),
-        (DEPLOYING, Revisions("r2", "r1", "r2", "r1"), run("Failed"), "Deploying", "RollingBack"),
-        (DEPLOYING, Revisions("r1", "r1", None, "r1"), run("Passed", "r1"), "Degraded", "ReplicasLost"),
+        (DEPLOYING, SpecRevisions("r2", "r1", "r2", "r1"), run("Failed"), "Deploying", "RollingBack"),
+        (DEPLOYING, SpecRevisions("r1", "r1", None, "r1"), run("Passed", "r1"), "Degraded", "ReplicasLost"),
     ],
 )
 def test_not_ready(
-    observation: Observation, revisions: Revisions, canary: CanaryStatus | None, phase: str, reason: str
+    observation: Observation, revisions: SpecRevisions, canary: CanaryStatus | None, phase: str, reason: str
 ) -> None:
     reported = status.not_ready(observation, revisions, canary, enabled=True)
     assert (reported.phase, reported.conditions[READY].reason, reported.conditions[READY].status) == (
@@ -75,11 +75,11 @@ def test_not_ready(
         (SPEC, run("Failed"), True, "CanaryFailed", "False", "CanaryFailed"),
         (SPEC, run("Inconclusive"), True, "CanaryFailed", "False", "CanaryInconclusive"),
         (SPEC, run("Passed", "r1"), True, "Canary", "False", "CanaryPending"),  # not yet run for r2
-        (Revisions("r2", "r1", "r2", "r1"), run("Passed", "r1"), True, "Degraded", "False", "RolledBack"),
+        (SpecRevisions("r2", "r1", "r2", "r1"), run("Passed", "r1"), True, "Degraded", "False", "RolledBack"),
     ],
 )
 def test_settled(
-    revisions: Revisions, canary: CanaryStatus | None, enabled: bool, phase: str, ready: str, reason: str
+    revisions: SpecRevisions, canary: CanaryStatus | None, enabled: bool, phase: str, ready: str, reason: str
 ) -> None:
     reported = status.settled(READY_OBSERVATION, revisions, canary, enabled=enabled, on_failure="Hold")
     condition = reported.conditions[READY]

@@ -92,8 +92,8 @@ def is_older(candidate: str | None, stored: str | None) -> bool:
     return new is not None and old is not None and new < old
 
 
-# The pod labels the operator reads (the owner, the component, observe.REVISION_LABEL, the traffic label):
-# a pod's other labels are anyone's to add, and would all be kept.
+# The pod labels the operator reads (the owner, the component, observe.TEMPLATE_HASH_LABEL, the traffic
+# label): a pod's other labels are anyone's to add, and would all be kept.
 POD_LABELS_READ: Final = frozenset(
     {render.LABEL_INSTANCE, render.LABEL_COMPONENT, "controller-revision-hash", render.TRAFFIC_LABEL}
 )

@@ -2,8 +2,8 @@
 
 Ready means rolled out *and* Ready: the master Deployment has observed its generation, its pods are all of
 the current template and one is Ready; every replica pod NAME-replica-<i> exists, is Ready, is not being
-deleted and runs the StatefulSet's update revision. Pod UIDs and the master's restart count are kept:
-they are what the canary triggers compare.
+deleted and runs the StatefulSet's current pod template (its updateRevision). Pod UIDs and the master's
+restart count are kept: they are what the canary triggers compare.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from mooncake_operator import render
 from mooncake_operator.api import MooncakeServing
 from mooncake_operator.reconcile.cache import WatchCache
 
-REVISION_LABEL = "controller-revision-hash"
+# The pod template a pod runs (a ControllerRevision of its StatefulSet): not the spec revision, nor the
+# model's.
+TEMPLATE_HASH_LABEL = "controller-revision-hash"
 
 
 @dataclass(frozen=True)
@@ -25,7 +27,7 @@ class PodInfo:
     uid: str
     ready: bool
     terminating: bool
-    revision: str | None
+    template_hash: str | None  # TEMPLATE_HASH_LABEL
     restarts: int
     traffic: str | None
 
@@ -94,7 +96,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         uid=str(metadata.get("uid", "")),
         ready=ready,
         terminating=metadata.get("deletionTimestamp") is not None,
-        revision=labels.get(REVISION_LABEL),
+        template_hash=labels.get(TEMPLATE_HASH_LABEL),
         restarts=restarts,
         traffic=labels.get(render.TRAFFIC_LABEL),
     )
@@ -132,12 +134,12 @@ def ha_master_rollout_state(
     infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
     if stateful_set is None:
         return MasterState(False, "master StatefulSet not found", None, infos)
-    update_revision = (stateful_set.get("status") or {}).get("updateRevision")
-    if not _generation_observed(stateful_set) or update_revision is None:
+    update_template_hash = (stateful_set.get("status") or {}).get("updateRevision")
+    if not _generation_observed(stateful_set) or update_template_hash is None:
         return MasterState(False, "master StatefulSet: rollout not yet observed", None, infos)
     desired = resource.spec.store.master.high_availability.replicas
     live = [info for info in infos if not info.terminating]
-    ready = [info for info in live if info.ready and info.revision == update_revision]
+    ready = [info for info in live if info.ready and info.template_hash == update_template_hash]
     if len(ready) < desired:
         return MasterState(False, f"{len(ready)}/{desired} masters ready", None, infos)
     return MasterState(True, f"{desired}/{desired} masters ready", None, infos)
@@ -155,29 +157,34 @@ def replica_state(
     infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
     if stateful_set is None:
         return ReplicaState(desired, 0, False, "replica StatefulSet not found", infos)
-    update_revision = (stateful_set.get("status") or {}).get("updateRevision")
-    if not _generation_observed(stateful_set) or update_revision is None:
+    update_template_hash = (stateful_set.get("status") or {}).get("updateRevision")
+    if not _generation_observed(stateful_set) or update_template_hash is None:
         return ReplicaState(desired, 0, False, "replica StatefulSet: rollout not yet observed", infos)
     by_name = {info.name: info for info in infos}
     current = [by_name.get(name) for name in names]
     ready = [
         info
         for info in current
-        if info is not None and info.ready and not info.terminating and info.revision == update_revision
+        if info is not None
+        and info.ready
+        and not info.terminating
+        and info.template_hash == update_template_hash
     ]
     ready_names = {info.name for info in ready}
     missing = [name for name, info in zip(names, current, strict=True) if not info]
-    outdated = [info.name for info in current if info is not None and info.revision != update_revision]
+    outdated = [
+        info.name for info in current if info is not None and info.template_hash != update_template_hash
+    ]
     extra = sorted(set(by_name) - set(names))
     problems = []
     if missing:
         problems.append(f"not created yet: {', '.join(missing)}")
     if outdated:
-        problems.append(f"previous revision: {', '.join(outdated)}")
+        problems.append(f"previous pod template: {', '.join(outdated)}")
     unready = [
         info.name
         for info in current
-        if info is not None and info.revision == update_revision and info.name not in ready_names
+        if info is not None and info.template_hash == update_template_hash and info.name not in ready_names
     ]
     if unready:
         problems.append(f"not ready: {', '.join(unready)}")

@@ -69,10 +69,10 @@ from mooncake_operator.reconcile.revisions import LastGood, verified_last_good
 
 
 @dataclass(frozen=True)
-class RevisionChoice:
+class SpecRevisionChoice:
     """Which revision the children are rendered from."""
 
-    revisions: status.Revisions
+    revisions: status.SpecRevisions
     spec: MooncakeServingSpec
 
 
@@ -111,7 +111,7 @@ class Rendering:
     verified last good record, the chosen revision, the resource with its spec (`serving`), the replica
     pod template it renders (rendered once per pass) and the set it goes into."""
 
-    choice: RevisionChoice
+    choice: SpecRevisionChoice
     serving: MooncakeServing
     template: render.ReplicaTemplate
     sets: SetChoice
@@ -138,7 +138,7 @@ class Snapshot:
 class _Inputs:
     resource: MooncakeServing
     current: MooncakeServingStatus  # the status before this decision (stored, or written before the run)
-    choice: RevisionChoice
+    choice: SpecRevisionChoice
     observation: Observation  # its master state decided by the leader, with highly available masters
     last_good: LastGood | None
     now: datetime
@@ -173,9 +173,9 @@ def rerun_requested(resource: MooncakeServing, last: CanaryStatus | None) -> boo
     return rerun is not None and (last is None or last.target is None or last.target.rerun != rerun)
 
 
-def choose_revision(
+def choose_spec_revision(
     resource: MooncakeServing, current: MooncakeServingStatus, last_good: LastGood | None
-) -> RevisionChoice:
+) -> SpecRevisionChoice:
     """The spec's revision, or the last good one while the spec's revision stands rolled back."""
     spec = resource.spec
     desired = render.spec_hash(spec)
@@ -184,10 +184,10 @@ def choose_revision(
         failed != desired or rerun_requested(resource, current.canary) or spec.canary.on_failure != "Rollback"
     ):
         failed = None  # a new spec, a retry, or Rollback turned off: roll the spec out
-    if failed is not None and last_good is not None and last_good.revision != desired:
-        revisions = status.Revisions(desired, last_good.revision, failed, current.last_good_revision)
-        return RevisionChoice(revisions, last_good.spec)
-    return RevisionChoice(status.Revisions(desired, desired, None, current.last_good_revision), spec)
+    if failed is not None and last_good is not None and last_good.spec_revision != desired:
+        revisions = status.SpecRevisions(desired, last_good.spec_revision, failed, current.last_good_revision)
+        return SpecRevisionChoice(revisions, last_good.spec)
+    return SpecRevisionChoice(status.SpecRevisions(desired, desired, None, current.last_good_revision), spec)
 
 
 def _serves_users(current: MooncakeServingStatus, replica_set: str) -> bool:
@@ -275,7 +275,7 @@ def traffic_entry(pod: PodInfo, serving: bool, reason: str, proven_by: str | Non
     return PodTraffic(
         name=pod.name,
         uid=pod.uid,
-        revision=pod.revision,
+        revision=pod.template_hash,
         serving=serving,
         reason=reason,
         proven_by=proven_by,
@@ -296,7 +296,7 @@ def pod_traffic(
     def entry(serving: bool, reason: str, proven_by: str | None = None) -> PodTraffic:
         return traffic_entry(pod, serving, reason, proven_by)
 
-    revision = pod.revision or "unknown"
+    template_hash = pod.template_hash or "unknown"
     previous = unproven_if_restarted(pod, previous)
     if not enabled:
         return entry(True, "canary disabled (spec.canary.enabled: false): serves once Ready")
@@ -305,15 +305,19 @@ def pod_traffic(
     run = fresh.canary if fresh is not None else None
     if run is not None and run.target is not None and pod.identity in run.target.replica_pods:
         if run.verdict == "Passed":
-            return entry(True, f"proven by canary run {run.run_id} at revision {revision}", run.run_id)
+            return entry(
+                True, f"proven by canary run {run.run_id} at pod template {template_hash}", run.run_id
+            )
         if previous is not None and previous.serving:
-            return previous.model_copy(update={"revision": pod.revision, "restarts": pod.restarts})
-        return entry(False, f"not proven: canary run {run.run_id} at revision {revision} was {run.verdict}")
+            return previous.model_copy(update={"revision": pod.template_hash, "restarts": pod.restarts})
+        return entry(
+            False, f"not proven: canary run {run.run_id} at pod template {template_hash} was {run.verdict}"
+        )
     if previous is not None:
         return previous.model_copy(
-            update={"name": pod.name, "revision": pod.revision, "restarts": pod.restarts}
+            update={"name": pod.name, "revision": pod.template_hash, "restarts": pod.restarts}
         )
-    return entry(False, f"new pod at revision {revision}: waits for a canary to prove it")
+    return entry(False, f"new pod at pod template {template_hash}: waits for a canary to prove it")
 
 
 def unproven_if_restarted(pod: PodInfo, previous: PodTraffic | None) -> PodTraffic | None:
@@ -347,7 +351,7 @@ def other_set_traffic(
     previous = unproven_if_restarted(pod, previous)
     if previous is not None:
         return previous.model_copy(
-            update={"name": pod.name, "revision": pod.revision, "restarts": pod.restarts}
+            update={"name": pod.name, "revision": pod.template_hash, "restarts": pod.restarts}
         )
     if serving_set is not None and in_set(pod.name, serving_set):
         # Replaced during a BlueGreen rollout: no canary runs on the serving set until the rollout ends.
@@ -424,7 +428,7 @@ def _passed_at(canary: CanaryStatus | None, revision: str) -> bool:
     )
 
 
-def _must_roll_back(inputs: _Inputs, revisions: status.Revisions, canary: CanaryStatus | None) -> bool:
+def _must_roll_back(inputs: _Inputs, revisions: status.SpecRevisions, canary: CanaryStatus | None) -> bool:
     """The spec's own revision failed, Rollback is asked for, and a different good revision is stored."""
     failed_here = (
         canary is not None
@@ -437,14 +441,14 @@ def _must_roll_back(inputs: _Inputs, revisions: status.Revisions, canary: Canary
         and inputs.resource.spec.canary.on_failure == "Rollback"
         and revisions.serving == revisions.desired
         and inputs.last_good is not None
-        and inputs.last_good.revision != revisions.desired
+        and inputs.last_good.spec_revision != revisions.desired
     )
 
 
 def _next_status(
     inputs: _Inputs,
     reported: status.PhaseAndConditions,
-    revisions: status.Revisions,
+    revisions: status.SpecRevisions,
     canary: CanaryStatus | None,
     held: list[str],
     traffic: TrafficStatus,
@@ -546,7 +550,7 @@ def _candidate_phase(canary: CanaryStatus | None, revision: str, observation: Ob
 def _settled_outcome(
     reported: status.PhaseAndConditions,
     canary: CanaryStatus | None,
-    revisions: status.Revisions,
+    revisions: status.SpecRevisions,
     timing: Timing,
 ) -> Outcome:
     message = reported.conditions[READY].message
@@ -640,7 +644,7 @@ def _plan(inputs: _Inputs) -> _Plan:
     record: MooncakeServingSpec | None = None
     if _passed_at(canary, revisions.serving):
         revisions = dataclasses.replace(revisions, last_good=revisions.serving)
-        stored = inputs.last_good.revision if inputs.last_good is not None else None
+        stored = inputs.last_good.spec_revision if inputs.last_good is not None else None
         if not revisions.rolled_back and stored != revisions.serving:
             record = inputs.choice.spec
     # A BlueGreen candidate is switched to only after a pass over exactly its pods as they are now.
@@ -667,7 +671,7 @@ def rendering(
     last_good_refused: str | None = None,
 ) -> Rendering:
     """The revision to render, its replica pod template (rendered here, once) and the set it goes into."""
-    choice = choose_revision(resource, current, last_good)
+    choice = choose_spec_revision(resource, current, last_good)
     serving = resource.model_copy(update={"spec": choice.spec})
     template = render.ReplicaTemplate.of(serving)
     sets = choose_sets(resource, current, live, template.id)

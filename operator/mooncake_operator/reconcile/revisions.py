@@ -31,7 +31,7 @@ def config_map_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class LastGood:
-    revision: str
+    spec_revision: str  # render.spec_hash of `spec`
     spec: MooncakeServingSpec
 
 
@@ -81,10 +81,10 @@ def verified_last_good(
     stored = parse_last_good(config_map)
     if stored is None:
         return None, f"ConfigMap {name} is unreadable (key {SPEC_KEY}): not revision {recorded}"
-    if stored.revision != recorded:
+    if stored.spec_revision != recorded:
         return None, (
-            f"ConfigMap {name} holds a spec with digest {stored.revision}, but status.lastGoodRevision is "
-            f"{recorded}: it was changed after the canary proved it"
+            f"ConfigMap {name} holds a spec with digest {stored.spec_revision}, but status.lastGoodRevision "
+            f"is {recorded}: it was changed after the canary proved it"
         )
     return stored, None
 

@@ -42,7 +42,10 @@ def without_empty_strings(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Revisions:
+class SpecRevisions:
+    """Spec revisions (render.spec_hash digests: status.*Revision), not pod template hashes nor model
+    revisions."""
+
     desired: str
     serving: str
     failed: str | None
@@ -107,7 +110,9 @@ def _workload_conditions(observation: Observation) -> dict[ConditionType, Condit
     }
 
 
-def canary_condition(canary: CanaryStatus | None, revisions: Revisions, *, enabled: bool) -> ConditionState:
+def canary_condition(
+    canary: CanaryStatus | None, revisions: SpecRevisions, *, enabled: bool
+) -> ConditionState:
     """The last run's verdict when it was run against the serving revision; else pending."""
     if not enabled:
         return cond.unknown(Reason.CANARY_DISABLED, "canary.enabled is false")
@@ -122,7 +127,7 @@ def canary_condition(canary: CanaryStatus | None, revisions: Revisions, *, enabl
 
 
 def not_ready(
-    observation: Observation, revisions: Revisions, canary: CanaryStatus | None, *, enabled: bool
+    observation: Observation, revisions: SpecRevisions, canary: CanaryStatus | None, *, enabled: bool
 ) -> PhaseAndConditions:
     """Master or replicas not ready: Pending before any pod exists, Deploying during a rollout, Degraded when
     a revision that already passed lost readiness."""
@@ -142,7 +147,7 @@ def not_ready(
 
 
 def _not_ready_phase(
-    observation: Observation, revisions: Revisions, canary: CanaryStatus | None, detail: str
+    observation: Observation, revisions: SpecRevisions, canary: CanaryStatus | None, detail: str
 ) -> tuple[Phase, ConditionState]:
     if revisions.rolled_back:
         message = f"revision {revisions.desired} failed the canary; rolling back to {revisions.serving}"
@@ -155,11 +160,11 @@ def _not_ready_phase(
     return "Deploying", cond.false(Reason.DEPLOYING, f"rolling out revision {revisions.serving}: {detail}")
 
 
-def _proven(canary: CanaryStatus | None, revisions: Revisions) -> bool:
+def _proven(canary: CanaryStatus | None, revisions: SpecRevisions) -> bool:
     return canary is not None and canary.target is not None and canary.target.revision == revisions.serving
 
 
-def canary_running(observation: Observation, revisions: Revisions, why: str) -> PhaseAndConditions:
+def canary_running(observation: Observation, revisions: SpecRevisions, why: str) -> PhaseAndConditions:
     running = cond.unknown(Reason.CANARY_RUNNING, f"revision {revisions.serving}: {why}")
     return PhaseAndConditions(
         "Canary",
@@ -175,7 +180,7 @@ def canary_running(observation: Observation, revisions: Revisions, why: str) -> 
 
 def settled(
     observation: Observation,
-    revisions: Revisions,
+    revisions: SpecRevisions,
     canary: CanaryStatus | None,
     *,
     enabled: bool,
@@ -214,7 +219,9 @@ def settled(
     )
 
 
-def rolling_back(observation: Observation, revisions: Revisions, canary: CanaryStatus) -> PhaseAndConditions:
+def rolling_back(
+    observation: Observation, revisions: SpecRevisions, canary: CanaryStatus
+) -> PhaseAndConditions:
     """The spec's revision just failed; the last good one is about to be rendered again."""
     failed = cond.false(
         Reason.CANARY_FAILED, f"run {canary.run_id} against revision {revisions.desired}: {canary.reason}"
