@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -135,10 +136,16 @@ def test_kubectl_scale_adds_a_replica_that_serves_once_a_canary_covered_it(
 ) -> None:
     kubectl(["scale", "mcs", NAME, "--namespace=default", "--replicas=3"])
 
+    started, seen = time.monotonic(), [""]
+
     def scaled() -> dict[str, Any] | None:
         body = cluster.get_serving(NAME)
         status = body.get("status") or {}
         conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+        line = f"phase {status.get('phase')}, replicas {status.get('replicas')}, conditions {conditions}"
+        if line != seen[0]:  # the timeline, shown with a failure
+            print(f"  [{time.monotonic() - started:5.0f} s] {line}", file=sys.stderr, flush=True)
+            seen[0] = line
         if status.get("phase") == "CanaryFailed":  # final until the spec changes: no use waiting
             raise AssertionError(f"the canary failed after `kubectl scale`\n{cluster.describe(NAME)}")
         done = (
