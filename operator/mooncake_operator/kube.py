@@ -58,7 +58,8 @@ class KubeTransportError(KubeError):
 
 
 class KubeApiError(KubeError):
-    """The API server answered with an error status; `message` is the server's own words."""
+    """The API server answered with an error status; `message` is the server's own words (a 401 with an
+    exec plugin adds that a fresh token was refused too)."""
 
     def __init__(
         self, status: int, reason: str, message: str, details: Mapping[str, Any] | None = None
@@ -502,19 +503,23 @@ class KubeAuth(httpx.Auth):
             yield request
 
 
-def _error_from(response: httpx.Response) -> KubeApiError:
+def _error_from(response: httpx.Response, config: KubeConfig | None = None) -> KubeApiError:
     try:
         body = response.json()
     except ValueError:
         body = None
+    details = None
     if isinstance(body, dict) and body.get("kind") == "Status":
-        return KubeApiError(
-            status=response.status_code,
-            reason=str(body.get("reason") or response.reason_phrase),
-            message=str(body.get("message") or response.text),
-            details=body.get("details"),
-        )
-    return KubeApiError(response.status_code, response.reason_phrase, response.text.strip() or "(empty body)")
+        reason = str(body.get("reason") or response.reason_phrase)
+        message = str(body.get("message") or response.text)
+        details = body.get("details")
+    else:
+        reason, message = response.reason_phrase, response.text.strip() or "(empty body)"
+    if response.status_code == 401 and config is not None and config.exec_credentials is not None:
+        # KubeAuth has already run the plugin again after the first 401: say so, or users re-run by hand.
+        command = config.exec_credentials.plugin.command
+        message += f" (exec plugin {command} ran again after a first 401: its fresh token was refused too)"
+    return KubeApiError(response.status_code, reason, message, details)
 
 
 def _kind_and_namespace(obj: Mapping[str, Any]) -> tuple[str, str, str | None]:
@@ -625,7 +630,7 @@ class KubeClient:
         except httpx.HTTPError as error:
             raise KubeTransportError(f"{method} {path}: {error!r}") from error
         if response.is_error:
-            raise _error_from(response)
+            raise _error_from(response, self.config)
         result: Manifest = response.json() if response.content else {}
         if self.on_write is not None and verb not in READ_VERBS and not dry_run and result.get("kind"):
             self.on_write(result)
@@ -721,7 +726,7 @@ class KubeClient:
             async with self._http.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.is_error:
                     await response.aread()
-                    raise _error_from(response)
+                    raise _error_from(response, self.config)
                 async for line in response.aiter_lines():
                     if line.strip():
                         event: Manifest = json.loads(line)

@@ -3,6 +3,12 @@
 The plugin hands out a different real token (a ServiceAccount's, minted by TokenRequest) on each run,
 each declared to expire two seconds later: the operator (kopf's login and its own client share one
 plugin cache) must keep reconciling across the expiries, running the plugin again each time.
+
+A token can also stop working before the expiry the plugin declared (revoked, or the login behind it
+ended). The tests bind each token to a Secret of its own (TokenRequest's boundObjectRef) and delete the
+Secret: from then on the API server itself answers 401 to that token, exactly as it does to any
+revoked credential, while the plugin still declares it valid for an hour. So only a 401 can make the
+plugin run again.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +34,15 @@ from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster
 
 from mooncake_operator import api
-from mooncake_operator.kube import KubeClient, KubeConfig
+from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
 
 TOKENS = 12
 LIFETIME_S = 2
+# What the plugin declares in the revocation tests: far beyond the test, so only a 401 runs it again.
+DECLARED_LIFETIME_S = 3600
+# kube-apiserver caches a token's successful authentication for 10 s: a revoked one works until then.
+REVOKED_WITHIN_S = 30.0
+WATCH_S = 3.0  # the revoked operator's watch timeout: kopf's watch reconnects (and meets the 401) quickly
 
 # Hands out the next token of TOKENS_FILE on each run, expiring LIFETIME_S later; logs each run.
 PLUGIN = """\
@@ -68,12 +80,14 @@ def grant_cluster_role(plane: ControlPlane, namespace: str, account: str, role: 
         assert bound.status_code == 201, bound.text
 
 
-def split_kubeconfig(plane: ControlPlane, folder: Path, tokens: list[str]) -> tuple[Path, Path, Path]:
+def split_kubeconfig(
+    plane: ControlPlane, folder: Path, tokens: list[str], lifetime_s: int = LIFETIME_S
+) -> tuple[Path, Path, Path]:
     """The cluster in one file, the exec user (a plugin relative to its file) and context in another."""
     (folder / "cluster").mkdir(parents=True)
     (folder / "user" / "bin").mkdir(parents=True)
     plugin = folder / "user" / "bin" / "token-plugin"
-    plugin.write_text(PLUGIN.format(python=sys.executable, lifetime=LIFETIME_S))
+    plugin.write_text(PLUGIN.format(python=sys.executable, lifetime=lifetime_s))
     plugin.chmod(0o755)
     (folder / "tokens").write_text("\n".join(tokens))
     runs = folder / "runs"
@@ -115,6 +129,36 @@ def split_kubeconfig(plane: ControlPlane, folder: Path, tokens: list[str]) -> tu
 
 def plugin_runs(runs: Path) -> int:
     return len(runs.read_text().splitlines()) if runs.exists() else 0
+
+
+def revocable_tokens(plane: ControlPlane, namespace: str, account: str, count: int) -> list[str]:
+    """`count` tokens of `account`, token i bound to the Secret `binding-i` (see `revoke`)."""
+    tokens = []
+    with plane.client() as http:
+        for index in range(count):
+            manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"binding-{index}"}}
+            created = http.post(f"/api/v1/namespaces/{namespace}/secrets", json=manifest)
+            assert created.status_code == 201, created.text
+            bound = {"apiVersion": "v1", "kind": "Secret", "name": f"binding-{index}"}
+            bound["uid"] = created.json()["metadata"]["uid"]
+            tokens.append(plane.service_account_token(namespace, account, bound_object=bound))
+    return tokens
+
+
+def revoke(plane: ControlPlane, namespace: str, tokens: list[str], indexes: range) -> None:
+    """Deletes the Secrets tokens[indexes] are bound to, and waits until the API server refuses each."""
+    with plane.client() as http:
+        for index in indexes:
+            deleted = http.delete(f"/api/v1/namespaces/{namespace}/secrets/binding-{index}")
+            assert deleted.status_code == 200, deleted.text
+    probe = f"/api/v1/namespaces/{namespace}/serviceaccounts/default"
+    for index in indexes:
+        deadline = time.monotonic() + REVOKED_WITHIN_S
+        with plane.client(token=tokens[index]) as http:
+            while (status := http.get(probe).status_code) != 401:
+                assert status == 200, f"token {index}: HTTP {status}"
+                assert time.monotonic() < deadline, f"token {index} still accepted {REVOKED_WITHIN_S}s on"
+                time.sleep(0.5)
 
 
 async def test_the_operator_keeps_reconciling_across_exec_token_expiries(
@@ -164,3 +208,90 @@ async def test_the_operator_keeps_reconciling_across_exec_token_expiries(
     info = json.loads(json.loads(runs.read_text().splitlines()[0]))
     assert info["spec"]["cluster"]["server"] == kube_cluster.server
     assert info["spec"]["interactive"] is False
+
+
+async def test_a_token_revoked_before_its_declared_expiry_runs_the_plugin_once_more(
+    kube_cluster: ControlPlane, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grant_cluster_role(kube_cluster, namespace, "laptop", "cluster-admin")
+    tokens = revocable_tokens(kube_cluster, namespace, "laptop", 3)
+    cluster_file, user_file, runs = split_kubeconfig(kube_cluster, tmp_path, tokens, DECLARED_LIFETIME_S)
+    monkeypatch.setenv("KUBECONFIG", f"{user_file}:{cluster_file}")
+    async with KubeClient(KubeConfig.from_kubeconfig()) as client:
+        await client.get("v1", "ServiceAccount", "default", namespace)
+        assert plugin_runs(runs) == 1
+        await asyncio.to_thread(revoke, kube_cluster, namespace, tokens, range(1))
+
+        # One request: a 401 for token 0, the plugin runs once (token 1), the same request is retried.
+        got = await client.get("v1", "ServiceAccount", "default", namespace)
+        assert got["metadata"]["name"] == "default"
+        assert plugin_runs(runs) == 2
+        assert client.counts.by_verb["get"] == 2
+        await client.get("v1", "ServiceAccount", "default", namespace)  # token 1 is cached again
+        assert plugin_runs(runs) == 2
+
+        # The plugin hands out a revoked token again: the second 401 is the answer, not a loop.
+        await asyncio.to_thread(revoke, kube_cluster, namespace, tokens, range(1, 3))
+        with pytest.raises(KubeApiError) as raised:
+            await client.get("v1", "ServiceAccount", "default", namespace)
+        assert raised.value.status == 401
+        assert "ran again after a first 401: its fresh token was refused too" in raised.value.message
+        assert plugin_runs(runs) == 3
+
+
+async def test_the_operator_keeps_reconciling_after_its_token_is_revoked(
+    kube: KubeClient,
+    kube_cluster: ControlPlane,
+    namespace: str,
+    crd: None,
+    fakes: FakeCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    grant_cluster_role(kube_cluster, namespace, "operator", "cluster-admin")
+    tokens = revocable_tokens(kube_cluster, namespace, "operator", 8)
+    cluster_file, user_file, runs = split_kubeconfig(kube_cluster, tmp_path, tokens, DECLARED_LIFETIME_S)
+    monkeypatch.setenv("KUBECONFIG", f"{user_file}:{cluster_file}")
+    endpoints = {f"{namespace}/demo": tuple(fakes.urls)}
+    # Short watches: kopf's reconnects, with the token it holds, within seconds of the revocation.
+    settings = operator_settings(
+        kube_cluster,
+        namespace,
+        kube=KubeConfig.from_kubeconfig(),
+        replica_endpoints=endpoints,
+        watch_timeout_seconds=WATCH_S,
+    )
+    with run_operator(settings) as running:
+        await kube.create(serving(namespace))
+        async with FakeKubelet(kube, namespace):
+            await wait_for_phase(kube, namespace, "Ready")
+            # The operator's own watches next reconnect in ten minutes (reads come from its cache), so
+            # kopf's watch meets the 401 first: its login must not hand back the cached token, which
+            # nothing has refreshed yet (kopf refuses credentials it saw fail, and would stop watching).
+            running.runtime.cache.watch_timeout_seconds = 600
+            await asyncio.sleep(WATCH_S + 1)
+            handed_out = plugin_runs(runs)
+            await asyncio.to_thread(revoke, kube_cluster, namespace, tokens, range(handed_out))
+            await asyncio.sleep(2 * WATCH_S)  # kopf's watch has reconnected since, and met a 401
+            before = sum(len(r.requests_to("/v1/chat/completions")) for r in fakes.replicas)
+            patch = {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "after-revocation"}}}
+            await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+
+            async def rerun_done() -> dict[str, Any] | None:
+                body = await kube.get(api.API_VERSION, api.KIND, "demo", namespace)
+                posts = sum(len(r.requests_to("/v1/chat/completions")) for r in fakes.replicas)
+                canary = (body.get("status") or {}).get("canary") or {}
+                done = (
+                    posts > before
+                    and (canary.get("target") or {}).get("rerun") == "after-revocation"
+                    and body["status"]["phase"] == "Ready"
+                )
+                return body if done else None
+
+            # The rerun is seen only through kopf's watch, and acted on through the operator's client.
+            await eventually(rerun_done, within=60, what="a canary rerun after the token was revoked")
+    output = running.runner.output
+    # kopf logged in again after its 401, and the login handed it a working token, not the revoked one.
+    assert "Re-authentication has finished." in output, output[-3000:]
+    assert "Ran out of valid credentials" not in output, output[-3000:]
+    assert plugin_runs(runs) > handed_out

@@ -25,7 +25,7 @@ import ssl
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,13 +169,22 @@ class ControlPlane:
             timeout=timeout,
         )
 
-    def service_account_token(self, namespace: str, name: str, *, expiration_seconds: int = 3600) -> str:
-        """A bound token for an existing ServiceAccount, minted through the TokenRequest API."""
-        body = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": expiration_seconds},
-        }
+    def service_account_token(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        expiration_seconds: int = 3600,
+        bound_object: Mapping[str, str] | None = None,
+    ) -> str:
+        """A bound token for an existing ServiceAccount, minted through the TokenRequest API.
+
+        `bound_object` (a Secret's or Pod's kind, apiVersion, name and uid in the same namespace): the
+        API server accepts the token only while that object exists."""
+        spec: dict[str, Any] = {"expirationSeconds": expiration_seconds}
+        if bound_object is not None:
+            spec["boundObjectRef"] = dict(bound_object)
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
         with self.client() as http:
             response = http.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", json=body)
         if response.status_code != 201:

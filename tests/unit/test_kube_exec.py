@@ -368,6 +368,12 @@ def test_a_second_401_is_the_answer(tmp_path: Path) -> None:
         asyncio.run(main())
     assert raised.value.status == 401
     assert seen == ["Bearer tok-1", "Bearer tok-2"]
+    # Says that the plugin already ran again, so nobody re-runs the command hoping for a fresh token.
+    plugin = tmp_path / "plugin"
+    expected = (
+        f"Unauthorized (exec plugin {plugin} ran again after a first 401: its fresh token was refused too)"
+    )
+    assert raised.value.message == expected
     assert len(runs(state)) == 2
 
 
@@ -381,9 +387,10 @@ def test_a_static_token_is_not_retried_on_401(tmp_path: Path) -> None:
         ) as kube:
             await kube.get("v1", "Namespace", "x")
 
-    with pytest.raises(KubeApiError):
+    with pytest.raises(KubeApiError) as raised:
         asyncio.run(main())
     assert seen == ["Bearer static"]
+    assert raised.value.message == "Unauthorized"
 
 
 def test_kopf_login_gets_the_plugins_token_and_its_expiry(tmp_path: Path) -> None:
