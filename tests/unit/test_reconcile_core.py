@@ -182,7 +182,7 @@ def put_children(world: World, resource: MooncakeServing, replica_set: str | Non
 def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
     """A pod the replica set SET (NAME = SET-<ordinal>) created: its controller reference names the set's
     UID (as put_children gives it)."""
-    replica_set = name.rsplit("-", 1)[0]
+    replica_set, ordinal = name.rsplit("-", 1)
     labels = {
         **render.selector(resource, render.COMPONENT_REPLICA),
         render.LABEL_MANAGED_BY: render.MANAGED_BY,
@@ -209,7 +209,10 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
                     }
                 ],
             },
-            "status": {"conditions": [{"type": "Ready", "status": "True"}], "podIP": f"192.0.2.{int(name.rsplit('-', 1)[1]) + 1}"},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "podIP": f"192.0.2.{int(ordinal) + 1}",
+            },
         },
     )
 

@@ -183,7 +183,12 @@ def project(obj: Mapping[str, Any]) -> Manifest:
         kept_metadata["ownerReferences"] = [
             {key: controller[key] for key in ("kind", "name", "uid", "controller") if key in controller}
         ]
-    return {"apiVersion": obj.get("apiVersion"), "kind": "Pod", "metadata": kept_metadata, "status": kept_status}
+    return {
+        "apiVersion": obj.get("apiVersion"),
+        "kind": "Pod",
+        "metadata": kept_metadata,
+        "status": kept_status,
+    }
 
 
 def owner_of(obj: Mapping[str, Any]) -> str | None:

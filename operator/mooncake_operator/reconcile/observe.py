@@ -208,13 +208,15 @@ def in_set(pod_name: str, replica_set: str) -> bool:
 def controlled_by(obj: Mapping[str, Any], kind: str, uid: str | None) -> bool:
     """`obj`'s controller ownerReference is the `kind` object with UID `uid` (never when unknown)."""
     reference = controller_reference(obj)
-    return bool(uid) and reference is not None and reference.get("kind") == kind and reference.get("uid") == uid
+    return (
+        bool(uid) and reference is not None and reference.get("kind") == kind and reference.get("uid") == uid
+    )
 
 
 def owned_replica_sets(cache: WatchCache, resource: MooncakeServing) -> dict[str, Mapping[str, Any]]:
     """The resource's replica StatefulSets, by UID: those whose controller is this MooncakeServing (its
     UID, not only its name: a resource deleted and re-created under the name is another owner)."""
-    found = {}
+    found: dict[str, Mapping[str, Any]] = {}
     for stateful_set in cache.owned(
         "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
     ):
