@@ -39,6 +39,7 @@ from typing import Any, Final
 
 from mooncake_operator import api, render
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError, Manifest
+from mooncake_operator.ownership import controller_reference
 
 logger = logging.getLogger("mooncake_operator.cache")
 
@@ -128,14 +129,6 @@ def is_kept(obj: Mapping[str, Any]) -> bool:
         and ref.get("apiVersion") == api.API_VERSION
         for ref in references
     )
-
-
-def controller_reference(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The object's controller ownerReference (at most one exists), or None."""
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return ref
-    return None
 
 
 def in_client_service(obj: Mapping[str, Any]) -> str | None:

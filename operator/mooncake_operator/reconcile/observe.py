@@ -14,12 +14,8 @@ from typing import Any
 
 from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing
-from mooncake_operator.reconcile.cache import (
-    MAX_FOREIGN_NAMES,
-    WatchCache,
-    controller_reference,
-    in_client_service,
-)
+from mooncake_operator.ownership import controlled_by, controller_reference
+from mooncake_operator.reconcile.cache import MAX_FOREIGN_NAMES, WatchCache, in_client_service
 
 REVISION_LABEL = "controller-revision-hash"
 
@@ -203,14 +199,6 @@ def in_set(pod_name: str, replica_set: str) -> bool:
     """A StatefulSet's pods are SET-<ordinal>. (NAME-replica-0 is not NAME-r1a2b3c4-0's, nor the reverse.)"""
     ordinal = pod_name.removeprefix(f"{replica_set}-")
     return ordinal != pod_name and ordinal.isdigit()
-
-
-def controlled_by(obj: Mapping[str, Any], kind: str, uid: str | None) -> bool:
-    """`obj`'s controller ownerReference is the `kind` object with UID `uid` (never when unknown)."""
-    reference = controller_reference(obj)
-    return (
-        bool(uid) and reference is not None and reference.get("kind") == kind and reference.get("uid") == uid
-    )
 
 
 def owned_replica_sets(cache: WatchCache, resource: MooncakeServing) -> dict[str, Mapping[str, Any]]:
