@@ -758,9 +758,6 @@ def _decision(previous: MooncakeServingStatus, planned: _Plan, first: tuple[Acti
     return Decision(tuple(actions), planned.outcome)
 
 
-FOREIGN_POD_REASON = "ForeignPodInService"
-
-
 def foreign_pod_event(previous: MooncakeServingStatus, new: MooncakeServingStatus) -> PostEvent | None:
     """A Warning when the client Service selects a pod no replica StatefulSet of this resource created,
     posted when such a pod is first seen (not on every pass while it stays)."""
@@ -773,7 +770,7 @@ def foreign_pod_event(previous: MooncakeServingStatus, new: MooncakeServingStatu
         "resource created: they carry every label of its selector and get user traffic no canary proved; "
         "delete them or remove the labels (the operator does not touch pods it does not own)"
     )
-    return PostEvent(FOREIGN_POD_REASON, message, "Warning")
+    return PostEvent(reason="ForeignPodInService", message=message, type="Warning")
 
 
 def _ready_message(current: MooncakeServingStatus) -> str | None:
