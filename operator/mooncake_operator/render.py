@@ -262,8 +262,9 @@ def replica_pod_names(resource: MooncakeServing, replica_set: str | None = None)
 
 
 def replica_urls(resource: MooncakeServing, replica_set: str | None = None) -> list[str]:
-    """Per-replica base URLs through the headless Service, in ordinal order (what the canary addresses).
-    Every set's pods use the one headless Service: it selects all of the instance's replica pods."""
+    """Per-replica base URLs through the headless Service, in ordinal order (the replicas' stable names;
+    the canary dials the IPs of the pods it proved instead, since a foreign pod with the same hostname and
+    subdomain shares the name). Every set's pods use the one headless Service."""
     names = ChildNames.of(resource.metadata.name)
     namespace = resource.metadata.namespace
     port = resource.spec.engine.port

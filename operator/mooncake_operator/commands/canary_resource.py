@@ -58,8 +58,9 @@ def serving_set(resource: MooncakeServing) -> str:
 
 @dataclass(frozen=True)
 class ResourceCanary:
-    """What `canary --resource` runs: the serving set's URLs in the operator's config, and how the
-    operator reads the verdict (`requireExternalHit`)."""
+    """What `canary --resource` runs: the operator's config for the serving set (its replicas are the
+    set's DNS names; a run dials the proven pods instead, `fetch_replica_pods`), and how the operator
+    reads the verdict (`requireExternalHit`)."""
 
     serving_set: str
     config: CanaryConfig

@@ -21,6 +21,10 @@ took about 5 times the memory, the largest part of the operator's RSS; a reconci
 objects of a few KiB, microseconds each. Every read returns a fresh copy, so no caller can alter the
 cache by mutating what it got.
 
+Pods the cache does not keep (no workload controller created them) but that a resource's client Service
+selects are remembered by name only, a few per resource (`MAX_FOREIGN_NAMES`), so the reconcile can report
+them (`observe`, status.foreignPods) without a tenant's pods growing the operator's memory.
+
 Stores are monotonic: an object is replaced only by a newer resourceVersion, so a late watch event
 never overwrites what a write returned. (resourceVersions are etcd revisions: integers that grow.
 Kubernetes calls them opaque; when one is not an integer, the newest event wins.)
