@@ -28,6 +28,7 @@ from mooncake_operator.commands.canary_resource import (
     ResourceRef,
     effective_result,
     parse_ref,
+    pod_urls,
     proven_replica_pods,
     resource_canary,
     serving_set,
@@ -84,6 +85,8 @@ def test_only_pods_the_serving_sets_statefulset_created_are_proven() -> None:
     assert [p.url(8080) for p in proven[:2]] == ["http://10.0.0.1:8080", "http://[fd00::2]:8080"]
     with pytest.raises(ResourceError, match="chat-replica-2 has no IP yet"):
         proven[2].url(8080)
+    with pytest.raises(ResourceError, match=r"share an address \(http://10.0.0.1:8080\)"):
+        pod_urls([proven[0], proven[0]], 8080)
     with pytest.raises(ResourceError, match="chat-replica-1 not found among the pods"):
         proven_replica_pods(
             resource, "chat-replica", stateful_set, [ours[0], pod("chat-replica-1", "sts-x"), ours[2]]

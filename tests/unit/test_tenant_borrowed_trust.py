@@ -174,6 +174,20 @@ def test_a_replica_without_a_pod_ip_is_not_dialled_and_the_run_says_why() -> Non
     seen = Observation(MasterState(True, "ok"), ReplicaState(2, 2, True, "2/2", pods))
     why = plan.replica_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
     assert isinstance(why, str) and "no pod IP yet for replica pod(s) demo-replica-1" in why
+    # Two pods at one address (on the node's network, one node) are not two replicas to compare.
+    store.put(
+        {
+            **replica_pod("demo-replica-1", owner=ours, ip="10.1.0.10"),
+            "metadata": {
+                **replica_pod("demo-replica-1", owner=ours, ip="10.1.0.10")["metadata"],
+                "resourceVersion": "8",
+            },
+        }
+    )
+    pods = tuple(pod_info(pod) for pod in store.owned("ns", "demo"))
+    seen = Observation(MasterState(True, "ok"), ReplicaState(2, 2, True, "2/2", pods))
+    why = plan.replica_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
+    assert isinstance(why, str) and "share an address (http://10.1.0.10:8000)" in why
 
 
 def test_foreign_pods_in_the_client_service_are_remembered_by_name_within_a_bound() -> None:

@@ -293,6 +293,7 @@ async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
         effective_result,
         fetch_replica_pods,
         fetch_serving,
+        pod_urls,
         resource_canary,
     )
     from mooncake_operator.crd import SERVING_KIND
@@ -312,8 +313,7 @@ async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
         port = resource.spec.engine.port
         if kube_config.in_cluster_config:
             # Inside the cluster: the IP of each pod the resource's StatefulSet created (proven first).
-            pods = await fetch_replica_pods(kube, resource, planned.serving_set)
-            urls = [pod.url(port) for pod in pods]
+            urls = pod_urls(await fetch_replica_pods(kube, resource, planned.serving_set), port)
             result = await run_canary(CanaryConfig(**{**dict(config), "replicas": urls}))
         else:
             await check_proxy_access(kube, ref.namespace)

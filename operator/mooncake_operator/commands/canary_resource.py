@@ -143,6 +143,16 @@ def proven_replica_pods(
     return [ReplicaPod(name, found[name]) for name in names]
 
 
+def pod_urls(pods: Sequence[ReplicaPod], port: int) -> list[str]:
+    """Each proven pod's URL at its IP; ResourceError when one has none yet or two share one (pods on
+    the node's network, one node): a run needs one address per replica."""
+    urls = [pod.url(port) for pod in pods]
+    shared = sorted({url for url in urls if urls.count(url) > 1})
+    if shared:
+        raise ResourceError(f"replica pods share an address ({', '.join(shared)}): each must have its own")
+    return urls
+
+
 async def fetch_replica_pods(kube: KubeClient, resource: MooncakeServing, set_name: str) -> list[ReplicaPod]:
     """The serving set's StatefulSet and the resource's replica pods from the API server, proven."""
     namespace = resource.metadata.namespace

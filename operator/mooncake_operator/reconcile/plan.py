@@ -433,6 +433,9 @@ def replica_urls(observation: Observation, pod_names: Sequence[str], port: int) 
             f"no pod IP yet for replica pod(s) {', '.join(missing)} created by this resource's StatefulSet: "
             "the canary reaches each replica at the IP of the pod it proves; retried"
         )
+    shared = sorted({url for url in urls if urls.count(url) > 1})
+    if shared:
+        return f"replica pods share an address ({', '.join(shared)}): the canary needs one per replica"
     return urls
 
 
