@@ -69,6 +69,8 @@ MAX_NAME_LENGTH = 40
 # in minutes, and the operator's per-replica Services and reads stay small. Beyond that, shard into
 # several MooncakeServings (each its own store); raise it here, with a measurement, if a user needs more.
 MAX_REPLICAS = 64
+# Foreign pods in the client Service named in status.foreignPods and events: the first this many found.
+MAX_FOREIGN_PODS = 8
 # Largest byte count a size or quantity may state: 2**63 - 1 (Kubernetes quantities are int64 too), so
 # arithmetic on it stays exact and every digit string stays far below Python's int/str conversion limit.
 MAX_BYTES = 2**63 - 1
@@ -1784,6 +1786,15 @@ class MooncakeServingStatus(ApiModel):
     )
     rollout: RolloutStatus | None = Field(
         default=None, description="The serving replica set and, with BlueGreen, the candidate set."
+    )
+    foreign_pods: list[str] | None = Field(
+        default=None,
+        max_length=MAX_FOREIGN_PODS,
+        description=(
+            "Pods the client Service selects (they carry every label of its selector) that no replica "
+            "StatefulSet of this resource created: they get user traffic no canary proved. Unset when "
+            f"none; at most {MAX_FOREIGN_PODS} named."
+        ),
     )
 
 

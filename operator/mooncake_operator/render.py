@@ -262,8 +262,9 @@ def replica_pod_names(resource: MooncakeServing, replica_set: str | None = None)
 
 
 def replica_urls(resource: MooncakeServing, replica_set: str | None = None) -> list[str]:
-    """Per-replica base URLs through the headless Service, in ordinal order (what the canary addresses).
-    Every set's pods use the one headless Service: it selects all of the instance's replica pods."""
+    """Per-replica base URLs through the headless Service, in ordinal order (the replicas' stable names;
+    the canary dials the IPs of the pods it proved instead, since a foreign pod with the same hostname and
+    subdomain shares the name). Every set's pods use the one headless Service."""
     names = ChildNames.of(resource.metadata.name)
     namespace = resource.metadata.namespace
     port = resource.spec.engine.port
@@ -415,6 +416,18 @@ def service_selector(resource: MooncakeServing) -> dict[str, str]:
     return {**selector(resource, COMPONENT_REPLICA), LABEL_MANAGED_BY: MANAGED_BY}
 
 
+def client_selector(name: str) -> dict[str, str]:
+    """The client Service's selector for resource `name`: its replica pods in user traffic. A pod that
+    carries these labels and was not created by the resource's StatefulSet is reported (a foreign pod
+    in the Service)."""
+    return {
+        LABEL_INSTANCE: name,
+        LABEL_COMPONENT: COMPONENT_REPLICA,
+        LABEL_MANAGED_BY: MANAGED_BY,
+        TRAFFIC_LABEL: TRAFFIC_ON,
+    }
+
+
 def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
     names = ChildNames.of(resource.metadata.name)
     return {
@@ -425,7 +438,7 @@ def client_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manif
         ),
         "spec": {
             "type": "ClusterIP",
-            "selector": {**service_selector(resource), TRAFFIC_LABEL: TRAFFIC_ON},
+            "selector": client_selector(resource.metadata.name),
             "ports": [_http_service_port(resource)],
         },
     }

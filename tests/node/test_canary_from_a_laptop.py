@@ -94,6 +94,13 @@ def test_canary_resource_from_outside_through_the_pods_proxy(
             f"--serviceaccount={NAMESPACE}:{ACCOUNT}",
         ]
     )
+    # Proving the pods it dials (docs/canary.md: both paths): the StatefulSet, and the pods' owners.
+    proving = [
+        {"apiGroups": ["apps"], "resources": ["statefulsets"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]
+    patch = json.dumps([{"op": "add", "path": "/rules/-", "value": rule} for rule in proving])
+    kubectl(["patch", "role", ACCOUNT, f"--namespace={NAMESPACE}", "--type=json", f"--patch={patch}"])
     kubeconfig = laptop_kubeconfig(tmp_path)
     assert cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT) == "Ready"
 

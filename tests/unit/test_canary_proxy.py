@@ -11,6 +11,7 @@ import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,18 +20,44 @@ import httpx
 import pytest
 from tests.support.fake_vllm import FakeCluster
 
+from mooncake_operator.canary import CanaryConfig, CanaryResult
+from mooncake_operator.canary.models import Verdict
 from mooncake_operator.cli import main
 from mooncake_operator.commands.canary_proxy import pod_proxy_url
 from mooncake_operator.examples import customer_deployment
+from mooncake_operator.kube import KubeConfig
 
 pytestmark = pytest.mark.unit
 
 PROXY = re.compile(r"^/api/v1/namespaces/serving-a/pods/chat-replica-(\d+):8080/proxy(/.*)$")
 
 
+SET_UID = "uid-chat-replica"
+
+
+def owned_by(kind: str, name: str, uid: str) -> list[dict[str, Any]]:
+    return [{"apiVersion": "x", "kind": kind, "name": name, "uid": uid, "controller": True}]
+
+
+def replica_pods(set_uid: str = SET_UID) -> list[dict[str, Any]]:
+    """The pods the serving set's StatefulSet created (its controller reference)."""
+    return [
+        {
+            "metadata": {
+                "name": f"chat-replica-{i}",
+                "ownerReferences": owned_by("StatefulSet", "chat-replica", set_uid),
+            },
+            "status": {"podIP": f"10.1.0.{i + 1}"},
+        }
+        for i in range(2)
+    ]
+
+
 @dataclass
 class FakeApiServer:
     replicas: list[str]
+    pods: list[dict[str, Any]] = field(default_factory=replica_pods)
+    port: int = 8080  # the resource's spec.engine.port
     allowed_verbs: set[str] = field(default_factory=lambda: {"get", "create"})
     proxied: list[str] = field(default_factory=list)
     reviews: list[dict[str, Any]] = field(default_factory=list)
@@ -38,11 +65,11 @@ class FakeApiServer:
     url: str = ""
 
 
-def serving() -> dict[str, Any]:
+def serving(port: int = 8080) -> dict[str, Any]:
     obj = customer_deployment().to_wire()
-    obj["metadata"] = {"name": "chat", "namespace": "serving-a"}
+    obj["metadata"] = {"name": "chat", "namespace": "serving-a", "uid": "uid-chat"}
     obj["spec"]["replicas"] = 2
-    obj["spec"]["engine"]["port"] = 8080
+    obj["spec"]["engine"]["port"] = port
     return obj
 
 
@@ -77,7 +104,13 @@ def api_server() -> Iterator[tuple[FakeApiServer, FakeCluster]]:
                     review["status"] = {"allowed": verb in state.allowed_verbs}
                     self._answer(201, json.dumps(review).encode())
                 elif self.path.endswith("/namespaces/serving-a/mooncakeservings/chat"):
-                    self._answer(200, json.dumps(serving()).encode())
+                    self._answer(200, json.dumps(serving(state.port)).encode())
+                elif self.path == "/apis/apps/v1/namespaces/serving-a/statefulsets/chat-replica":
+                    metadata = {"name": "chat-replica", "uid": SET_UID}
+                    metadata["ownerReferences"] = owned_by("MooncakeServing", "chat", "uid-chat")
+                    self._answer(200, json.dumps({"metadata": metadata}).encode())
+                elif self.path.startswith("/api/v1/namespaces/serving-a/pods?"):
+                    self._answer(200, json.dumps({"metadata": {}, "items": state.pods}).encode())
                 else:
                     self._answer(404, b'{"kind":"Status","reason":"NotFound","message":"nothing here"}')
 
@@ -178,3 +211,55 @@ def test_namespace_flag_and_a_different_namespace_in_the_reference_are_refused(
     assert "names namespace a but -n says b" in capsys.readouterr().err
     assert main(["canary", "--replica", "http://a:1", "--replica", "http://b:1", "-n", "x"]) == 3
     assert "-n/--namespace only applies with --resource" in capsys.readouterr().err
+
+
+def test_a_pod_of_the_replicas_name_that_the_statefulset_did_not_create_is_never_dialled(
+    api_server: tuple[FakeApiServer, FakeCluster], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 21, item 8: a foreign pod under a replica's name (the real one deleted, another created in
+    its place before the StatefulSet could) is not the resource's: exit 3, nothing sent to it."""
+    state, _ = api_server
+    state.pods = [replica_pods()[0], replica_pods(set_uid="uid-someone-elses")[1]]
+    code = main(
+        ["canary", "--resource", "serving-a/chat", "--kubeconfig", str(kubeconfig(tmp_path, state.url))]
+    )
+    err = capsys.readouterr().err
+    assert code == 3, err
+    assert "replica pod(s) chat-replica-1 not found among the pods StatefulSet chat-replica created" in err
+    assert state.proxied == []
+
+
+def test_inside_the_cluster_the_canary_dials_the_proven_pods_ips(
+    api_server: tuple[FakeApiServer, FakeCluster],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pod's own service account (as `helm test` runs): no proxy, no access review; the run's replicas
+    are the proven pods' IPs (the documentation addresses of `replica_pods`, so the run is recorded, not
+    sent), never a DNS name; a pod under a replica's name that another StatefulSet created is skipped."""
+    state, _ = api_server
+    state.pods = [replica_pods(set_uid="uid-someone-elses")[0], *replica_pods()]
+    runs: list[list[str]] = []
+
+    async def recorded(config: CanaryConfig, client: object = None) -> CanaryResult:
+        runs.append(list(config.replicas))
+        return CanaryResult(
+            run_id="r",
+            verdict=Verdict.PASSED,
+            reason="recorded",
+            replicas=list(config.replicas),
+            pairs_mode="first",
+            pairs=[],
+            expectations=[],
+            started_at=datetime(2026, 1, 1, tzinfo=UTC),
+            wall_s=0.0,
+            request_latency_s=0.0,
+        )
+
+    monkeypatch.setattr(KubeConfig, "in_cluster_config", property(lambda self: True))
+    monkeypatch.setattr("mooncake_operator.canary.run_canary", recorded)
+    config = str(kubeconfig(tmp_path, state.url))
+    assert main(["canary", "--resource", "serving-a/chat", "--kubeconfig", config]) == 0, capsys.readouterr()
+    assert runs == [["http://10.1.0.1:8080", "http://10.1.0.2:8080"]]
+    assert state.proxied == [] and state.reviews == []

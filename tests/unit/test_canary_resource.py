@@ -28,6 +28,8 @@ from mooncake_operator.commands.canary_resource import (
     ResourceRef,
     effective_result,
     parse_ref,
+    pod_urls,
+    proven_replica_pods,
     resource_canary,
     serving_set,
 )
@@ -53,6 +55,47 @@ def blue_green(**rollout: Any) -> api.MooncakeServing:
 
 
 # --- the pure resolution -------------------------------------------------------------------------------
+
+
+def controller(kind: str, uid: str) -> list[dict[str, Any]]:
+    return [{"kind": kind, "name": "x", "uid": uid, "controller": True}]
+
+
+def test_only_pods_the_serving_sets_statefulset_created_are_proven() -> None:
+    """Issue 21, item 8: the StatefulSet must be the resource's (UID), each pod the StatefulSet's (UID);
+    inside the cluster each is dialled at its IP, not by a DNS name a foreign pod can share."""
+    obj = serving()
+    obj["metadata"]["uid"] = "uid-chat"
+    resource = api.parse_resource(obj)
+    stateful_set = {"metadata": {"uid": "sts", "ownerReferences": controller("MooncakeServing", "uid-chat")}}
+
+    def pod(name: str, uid: str = "sts", ip: str | None = "10.0.0.1") -> dict[str, Any]:
+        status = {"podIP": ip} if ip else {}
+        return {
+            "metadata": {"name": name, "ownerReferences": controller("StatefulSet", uid)},
+            "status": status,
+        }
+
+    ours = [pod("chat-replica-0"), pod("chat-replica-1", ip="fd00::2"), pod("chat-replica-2", ip=None)]
+    # Listed first, with the labels and a replica's name: another set's pod is not proven.
+    proven = proven_replica_pods(
+        resource, "chat-replica", stateful_set, [pod("chat-replica-0", "sts-x"), *ours]
+    )
+    assert [p.name for p in proven] == ["chat-replica-0", "chat-replica-1", "chat-replica-2"]
+    assert [p.url(8080) for p in proven[:2]] == ["http://10.0.0.1:8080", "http://[fd00::2]:8080"]
+    with pytest.raises(ResourceError, match="chat-replica-2 has no IP yet"):
+        proven[2].url(8080)
+    with pytest.raises(ResourceError, match=r"share an address \(http://10.0.0.1:8080\)"):
+        pod_urls([proven[0], proven[0]], 8080)
+    with pytest.raises(ResourceError, match="chat-replica-1 not found among the pods"):
+        proven_replica_pods(
+            resource, "chat-replica", stateful_set, [ours[0], pod("chat-replica-1", "sts-x"), ours[2]]
+        )
+    foreign_set = {"metadata": {"uid": "sts", "ownerReferences": controller("MooncakeServing", "uid-other")}}
+    with pytest.raises(ResourceError, match="is not controlled by MooncakeServing serving-a/chat"):
+        proven_replica_pods(resource, "chat-replica", foreign_set, ours)
+    with pytest.raises(ResourceError, match="StatefulSet serving-a/chat-replica of MooncakeServing"):
+        proven_replica_pods(resource, "chat-replica", None, ours)
 
 
 def test_without_a_recorded_set_the_default_set_is_proven() -> None:

@@ -187,15 +187,19 @@ TEST_ACCOUNT = f"{FULLNAME}-canary"
         ({"servingName": "chat"}, RELEASE_NAMESPACE),
     ],
 )
-def test_helm_test_may_get_the_resource_it_proves_and_nothing_else(
+def test_helm_test_may_read_the_resource_it_proves_and_its_pods_and_nothing_else(
     values: dict[str, Any], serving_namespace: str, tmp_path: Path
 ) -> None:
     manifests = render({"test": values}, tmp_path)
     account = named(manifests, "ServiceAccount", TEST_ACCOUNT, RELEASE_NAMESPACE)
     assert account["automountServiceAccountToken"] is False, "only the test Pod mounts its token"
     role = named(manifests, "Role", TEST_ACCOUNT, serving_namespace)
-    assert permissions(role) == {("serving.mooncake-operator.dev", "mooncakeservings", "get")}
-    assert [rule["resourceNames"] for rule in role["rules"]] == [["chat"]]
+    assert permissions(role) == {
+        ("serving.mooncake-operator.dev", "mooncakeservings", "get"),
+        ("apps", "statefulsets", "get"),  # the serving set: controlled by the resource (UID)?
+        ("", "pods", "list"),  # its pods: created by that StatefulSet (UID), at which IPs
+    }
+    assert [rule.get("resourceNames") for rule in role["rules"]] == [["chat"], None, None]
     binding = named(manifests, "RoleBinding", TEST_ACCOUNT, serving_namespace)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",

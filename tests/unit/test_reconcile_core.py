@@ -16,7 +16,7 @@ from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
 from mooncake_operator.reconcile.children import with_applied_hash
-from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL
+from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL, MasterState, Observation, ReplicaState
 
 pytestmark = pytest.mark.unit
 
@@ -170,6 +170,7 @@ def put_children(world: World, resource: MooncakeServing, replica_set: str | Non
         child["metadata"]["generation"] = 1
         kind = child["kind"]
         if kind == "StatefulSet":
+            child["metadata"]["uid"] = f"uid-{child['metadata']['name']}"
             child["status"] = {"observedGeneration": 1, "updateRevision": "hash-a"}
         if kind == "Deployment":
             child["status"] = {"observedGeneration": 1, "updatedReplicas": 1}
@@ -179,6 +180,9 @@ def put_children(world: World, resource: MooncakeServing, replica_set: str | Non
 
 
 def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
+    """A pod the replica set SET (NAME = SET-<ordinal>) created: its controller reference names the set's
+    UID (as put_children gives it)."""
+    replica_set, ordinal = name.rsplit("-", 1)
     labels = {
         **render.selector(resource, render.COMPONENT_REPLICA),
         render.LABEL_MANAGED_BY: render.MANAGED_BY,
@@ -195,9 +199,20 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
                 "namespace": "ns",
                 "uid": uid,
                 "labels": labels,
-                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "controller": True}],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "StatefulSet",
+                        "name": replica_set,
+                        "uid": f"uid-{replica_set}",
+                        "controller": True,
+                    }
+                ],
             },
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "podIP": f"192.0.2.{int(ordinal) + 1}",
+            },
         },
     )
 
@@ -460,7 +475,10 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
             revision="r", generation=1, replica_pods=[], master_pod=None, master_restarts=0, rerun=None
         )
         run = await _Pass(runtime, actor, MooncakeServingStatus(), runtime.clock()).run_canary(
-            serving, "x-replica", RunCanary(target, "no canary has run against these replicas yet")
+            serving,
+            "x-replica",
+            RunCanary(target, "no canary has run against these replicas yet"),
+            Observation(MasterState(False, ""), ReplicaState(2, 0, False, "")),
         )
     assert run.canary.verdict == "Passed", run.canary.reason
     divergence = run.canary.pairs[0].divergence

@@ -49,9 +49,11 @@ JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before 
 
 --resource [NAMESPACE/]NAME reads the MooncakeServing from the API (needs `get` on
 mooncakeservings.serving.mooncake-operator.dev) and proves its serving replica set
-(status.rollout.servingSet, else NAME-replica) with the operator's own config: inside the cluster
-through its headless Service, outside it (a kubeconfig, not a pod's service account) through the API
-server's pods proxy, which needs `get` and `create` on pods/proxy in that namespace.
+(status.rollout.servingSet, else NAME-replica) with the operator's own config. Only pods that set's
+StatefulSet created are dialled (controller references, UIDs checked; needs `get` on
+statefulsets.apps and `list` on pods): inside the cluster at each pod's IP, outside it (a kubeconfig,
+not a pod's service account) through the API server's pods proxy, which needs `get` and `create` on
+pods/proxy in that namespace.
 Request, expectations, pairs, timeout, block size and Eagle all come from the spec, and the verdict
 is read as the operator reads it (spec.canary.requireExternalHit). The flags that say what to prove
 (--request, --expect, --no-expect, --model, --block-size, --eagle, --expected-hit, --pairs,
@@ -287,10 +289,15 @@ async def _prove(args: argparse.Namespace) -> CanaryResult:
 async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
     from mooncake_operator.canary import CanaryConfig, run_canary
     from mooncake_operator.commands.canary_proxy import check_proxy_access, proxy_client, proxy_urls
-    from mooncake_operator.commands.canary_resource import effective_result, fetch_serving, resource_canary
+    from mooncake_operator.commands.canary_resource import (
+        effective_result,
+        fetch_replica_pods,
+        fetch_serving,
+        pod_urls,
+        resource_canary,
+    )
     from mooncake_operator.crd import SERVING_KIND
     from mooncake_operator.kube import KubeClient, KubeConfig
-    from mooncake_operator.render import replica_pod_names
 
     if args.kubeconfig is not None or args.context is not None:
         kube_config = KubeConfig.from_kubeconfig(args.kubeconfig, args.context)
@@ -303,15 +310,18 @@ async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
         for note in planned.notes:
             print(f"mooncake-operator canary: note: {note}", file=sys.stderr)
         config = with_how_flags(planned.config, args)
+        port = resource.spec.engine.port
         if kube_config.in_cluster_config:
-            result = await run_canary(config)  # inside the cluster: the replicas' own addresses
+            # Inside the cluster: the IP of each pod the resource's StatefulSet created (proven first).
+            urls = pod_urls(await fetch_replica_pods(kube, resource, planned.serving_set), port)
+            result = await run_canary(CanaryConfig(**{**dict(config), "replicas": urls}))
         else:
             await check_proxy_access(kube, ref.namespace)
-            pods = replica_pod_names(resource, planned.serving_set)
-            urls = proxy_urls(kube_config.server, ref.namespace, pods, resource.spec.engine.port)
+            names = [pod.name for pod in await fetch_replica_pods(kube, resource, planned.serving_set)]
+            urls = proxy_urls(kube_config.server, ref.namespace, names, port)
             print(
                 "mooncake-operator canary: note: outside the cluster: reaching the replicas through the "
-                f"API server's pods proxy ({', '.join(pods)})",
+                f"API server's pods proxy ({', '.join(names)})",
                 file=sys.stderr,
             )
             async with proxy_client(kube_config) as client:

@@ -3,12 +3,17 @@
 The resource says what to prove (request, expectations, pairs, block size, Eagle, port, replicas) and
 which replica set serves users (`status.rollout.servingSet`); the config is built by the operator's own
 `canary_policy.canary_config`, so `helm test` and the operator never disagree about what a proof is.
-Everything here but `fetch_serving` is pure.
+The pods it dials are proven to be the resource's own, as the operator proves them: the serving set's
+StatefulSet is controlled by the MooncakeServing (UID checked) and each pod by that StatefulSet (UID
+checked); inside the cluster each is reached at its pod IP, never by a DNS name another pod with the same
+hostname and subdomain could answer for. Everything here but the `fetch_` functions is pure.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -16,6 +21,7 @@ from mooncake_operator import api, canary_policy, render
 from mooncake_operator.api import InvalidResourceError, MooncakeServing
 from mooncake_operator.canary import CanaryConfig, CanaryResult
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeTransportError
+from mooncake_operator.ownership import controlled_by
 
 DEFAULT_NAMESPACE = "default"
 
@@ -52,8 +58,9 @@ def serving_set(resource: MooncakeServing) -> str:
 
 @dataclass(frozen=True)
 class ResourceCanary:
-    """What `canary --resource` runs: the serving set's URLs in the operator's config, and how the
-    operator reads the verdict (`requireExternalHit`)."""
+    """What `canary --resource` runs: the operator's config for the serving set (its replicas are the
+    set's DNS names; a run dials the proven pods instead, `fetch_replica_pods`), and how the operator
+    reads the verdict (`requireExternalHit`)."""
 
     serving_set: str
     config: CanaryConfig
@@ -84,6 +91,87 @@ def resource_canary(resource: MooncakeServing) -> ResourceCanary:
         require_external_hit=resource.spec.canary.require_external_hit,
         notes=tuple(notes),
     )
+
+
+@dataclass(frozen=True)
+class ReplicaPod:
+    """A replica pod proven to be the resource's own: its name and IP (None: not assigned yet)."""
+
+    name: str
+    ip: str | None
+
+    def url(self, port: int) -> str:
+        if not self.ip:
+            raise ResourceError(f"replica pod {self.name} has no IP yet: wait for it to start")
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{port}"
+
+
+def proven_replica_pods(
+    resource: MooncakeServing,
+    set_name: str,
+    stateful_set: Mapping[str, Any] | None,
+    pods: Sequence[Mapping[str, Any]],
+) -> list[ReplicaPod]:
+    """The serving set's pods in ordinal order, each one the StatefulSet `set_name` created, which this
+    MooncakeServing controls (UIDs checked). ResourceError when the set is not the resource's or a pod
+    is missing: a pod that only carries the labels, the name or the hostname is never dialled."""
+    namespace = resource.metadata.namespace
+    if stateful_set is None:
+        raise ResourceError(
+            f"StatefulSet {namespace}/{set_name} of MooncakeServing {_ref(resource)} not found"
+        )
+    if not controlled_by(stateful_set, api.KIND, resource.metadata.uid):
+        raise ResourceError(
+            f"StatefulSet {namespace}/{set_name} is not controlled by MooncakeServing {_ref(resource)} "
+            f"(UID {resource.metadata.uid}): its pods are not proven"
+        )
+    set_uid = (stateful_set.get("metadata") or {}).get("uid")
+    found = {}
+    for pod in pods:
+        metadata = pod.get("metadata") or {}
+        if controlled_by(pod, "StatefulSet", set_uid) and not metadata.get("deletionTimestamp"):
+            found[str(metadata.get("name"))] = (pod.get("status") or {}).get("podIP") or None
+    names = render.replica_pod_names(resource, set_name)
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise ResourceError(
+            f"replica pod(s) {', '.join(missing)} not found among the pods StatefulSet {set_name} created "
+            "(controller reference, UID checked): wait for the rollout; a pod of that name that the "
+            "StatefulSet did not create is never proven"
+        )
+    return [ReplicaPod(name, found[name]) for name in names]
+
+
+def pod_urls(pods: Sequence[ReplicaPod], port: int) -> list[str]:
+    """Each proven pod's URL at its IP; ResourceError when one has none yet or two share one (pods on
+    the node's network, one node): a run needs one address per replica."""
+    urls = [pod.url(port) for pod in pods]
+    shared = sorted({url for url in urls if urls.count(url) > 1})
+    if shared:
+        raise ResourceError(f"replica pods share an address ({', '.join(shared)}): each must have its own")
+    return urls
+
+
+async def fetch_replica_pods(kube: KubeClient, resource: MooncakeServing, set_name: str) -> list[ReplicaPod]:
+    """The serving set's StatefulSet and the resource's replica pods from the API server, proven."""
+    namespace = resource.metadata.namespace
+    try:
+        stateful_set = await kube.get_or_none("apps/v1", "StatefulSet", set_name, namespace)
+        pods = await kube.list(
+            "v1", "Pod", namespace, label_selector=render.replica_selector_string(resource)
+        )
+    except KubeApiError as error:
+        if error.status == 403:
+            raise ResourceError(
+                f"not allowed to get statefulsets.apps or list pods in namespace {namespace} (403; the "
+                f"canary proves the pods it dials are the resource's own; the chart's test Role grants "
+                f"both): {error.message}"
+            ) from None
+        raise ResourceError(f"reading the replica pods of {_ref(resource)} failed: {error}") from None
+    except KubeTransportError as error:
+        raise ResourceError(f"cannot reach the API server: {error}") from None
+    return proven_replica_pods(resource, set_name, stateful_set, pods)
 
 
 def effective_result(result: CanaryResult, *, require_external_hit: bool) -> CanaryResult:

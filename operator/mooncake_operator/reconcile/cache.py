@@ -21,6 +21,10 @@ took about 5 times the memory, the largest part of the operator's RSS; a reconci
 objects of a few KiB, microseconds each. Every read returns a fresh copy, so no caller can alter the
 cache by mutating what it got.
 
+Pods the cache does not keep (no workload controller created them) but that a resource's client Service
+selects are remembered by name only, a few per resource (`MAX_FOREIGN_NAMES`), so the reconcile can report
+them (`observe`, status.foreignPods) without a tenant's pods growing the operator's memory.
+
 Stores are monotonic: an object is replaced only by a newer resourceVersion, so a late watch event
 never overwrites what a write returned. (resourceVersions are etcd revisions: integers that grow.
 Kubernetes calls them opaque; when one is not an integer, the newest event wins.)
@@ -39,6 +43,7 @@ from typing import Any, Final
 
 from mooncake_operator import api, render
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError, Manifest
+from mooncake_operator.ownership import controller_reference
 
 logger = logging.getLogger("mooncake_operator.cache")
 
@@ -92,11 +97,22 @@ def is_older(candidate: str | None, stored: str | None) -> bool:
     return new is not None and old is not None and new < old
 
 
-# The pod labels the operator reads (the owner, the component, observe.TEMPLATE_HASH_LABEL, the traffic
-# label): a pod's other labels are anyone's to add, and would all be kept.
+# The pod labels the operator reads (the owner, the component, observe.TEMPLATE_HASH_LABEL, the traffic label,
+# and managed-by: with them, whether the client Service selects the pod): a pod's other labels are
+# anyone's to add, and would all be kept.
 POD_LABELS_READ: Final = frozenset(
-    {render.LABEL_INSTANCE, render.LABEL_COMPONENT, "controller-revision-hash", render.TRAFFIC_LABEL}
+    {
+        render.LABEL_INSTANCE,
+        render.LABEL_COMPONENT,
+        render.LABEL_MANAGED_BY,
+        "controller-revision-hash",
+        render.TRAFFIC_LABEL,
+    }
 )
+# Foreign pods (not a workload controller's: never kept) that the client Service of a resource selects
+# are remembered by name only, at most this many per resource: enough to report them, bounded whatever
+# a tenant creates.
+MAX_FOREIGN_NAMES: Final = api.MAX_FOREIGN_PODS
 
 
 def is_kept(obj: Mapping[str, Any]) -> bool:
@@ -119,35 +135,56 @@ def is_kept(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def in_client_service(obj: Mapping[str, Any]) -> str | None:
+    """The resource whose client Service selects this pod by its labels (`render.client_selector`),
+    or None."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    owner = labels.get(render.LABEL_INSTANCE)
+    if obj.get("kind") != "Pod" or not isinstance(owner, str):
+        return None
+    wanted = render.client_selector(owner)
+    return owner if all(labels.get(key) == value for key, value in wanted.items()) else None
+
+
 def project(obj: Mapping[str, Any]) -> Manifest:
-    """What the cache keeps of an object: all but managedFields; of a pod, only what readiness reads
-    (`observe.pod_info`: name, uid, the labels it reads, deletion, Ready, restart counts)."""
+    """What the cache keeps of an object: all but managedFields; of a pod, only what readiness and the
+    canary read (`observe.pod_info`: name, uid, the labels it reads, its controller reference, deletion,
+    Ready, restart counts, its IP)."""
     metadata = {key: value for key, value in (obj.get("metadata") or {}).items() if key != "managedFields"}
     if obj.get("kind") != "Pod":
         return {**obj, "metadata": metadata}
     status = obj.get("status") or {}
+    controller = controller_reference(obj)
+    kept_status: dict[str, Any] = {
+        "conditions": [
+            {"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []
+        ],
+        "containerStatuses": [
+            {"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
+            for c in status.get("containerStatuses") or []
+        ],
+    }
+    if status.get("podIP"):
+        kept_status["podIP"] = status["podIP"]
+    kept_metadata = {
+        **{
+            key: metadata[key]
+            for key in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
+            if key in metadata
+        },
+        "labels": {
+            key: value for key, value in (metadata.get("labels") or {}).items() if key in POD_LABELS_READ
+        },
+    }
+    if controller is not None:
+        kept_metadata["ownerReferences"] = [
+            {key: controller[key] for key in ("kind", "name", "uid", "controller") if key in controller}
+        ]
     return {
         "apiVersion": obj.get("apiVersion"),
         "kind": "Pod",
-        "metadata": {
-            **{
-                key: metadata[key]
-                for key in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp")
-                if key in metadata
-            },
-            "labels": {
-                key: value for key, value in (metadata.get("labels") or {}).items() if key in POD_LABELS_READ
-            },
-        },
-        "status": {
-            "conditions": [
-                {"type": c.get("type"), "status": c.get("status")} for c in status.get("conditions") or []
-            ],
-            "containerStatuses": [
-                {"name": c.get("name"), "restartCount": c.get("restartCount", 0)}
-                for c in status.get("containerStatuses") or []
-            ],
-        },
+        "metadata": kept_metadata,
+        "status": kept_status,
     }
 
 
@@ -188,6 +225,10 @@ class Store:
     on_change: OnChange
     objects: dict[Key, Entry] = field(default_factory=dict)
     by_owner: dict[Key, set[str]] = field(default_factory=dict)
+    # Pods not kept (no workload controller made them) that a resource's client Service selects: their
+    # names by (namespace, owner), at most MAX_FOREIGN_NAMES each (the first found).
+    foreign: dict[Key, set[str]] = field(default_factory=dict)
+    foreign_owner: dict[Key, str] = field(default_factory=dict)  # (namespace, pod name) -> owner
 
     def get(self, namespace: str, name: str) -> Manifest | None:
         """A fresh copy of the stored object (callers may change it)."""
@@ -198,13 +239,19 @@ class Store:
         names = self.by_owner.get((namespace, owner), ())
         return [self.objects[(namespace, name)].decoded() for name in sorted(names)]
 
+    def foreign_names(self, namespace: str, owner: str) -> list[str]:
+        """Pods not kept that the client Service of `owner` selects (at most MAX_FOREIGN_NAMES)."""
+        return sorted(self.foreign.get((namespace, owner), ()))
+
     def put(self, obj: Mapping[str, Any]) -> bool:
         """Store `obj` unless the stored version is as new; True (and the owner told) when it changed."""
         key = _key(obj)
         version = resource_version(obj)
         if not is_kept(obj):  # (and one that lost its owner reference goes)
             self._delete(key, version)
+            self._note_foreign(key, in_client_service(obj))
             return False
+        self._note_foreign(key, None)
         stored = self.objects.get(key)
         if stored is not None and (
             is_older(version, stored.resource_version) or version == stored.resource_version
@@ -221,6 +268,29 @@ class Store:
 
     def delete(self, obj: Mapping[str, Any]) -> None:
         self._delete(_key(obj), resource_version(obj))
+        self._note_foreign(_key(obj), None)
+
+    def _note_foreign(self, key: Key, owner: str | None) -> None:
+        """Remember the foreign pod `key` under `owner` (None: under no owner any more); the owner whose
+        set changed is told."""
+        namespace, name = key
+        before = self.foreign_owner.get(key)
+        if before == owner:
+            return
+        if before is not None:
+            del self.foreign_owner[key]
+            names = self.foreign[(namespace, before)]
+            names.discard(name)
+            if not names:
+                del self.foreign[(namespace, before)]
+            self.on_change(namespace, before)
+        if owner is None:
+            return
+        names = self.foreign.setdefault((namespace, owner), set())
+        if len(names) < MAX_FOREIGN_NAMES:
+            names.add(name)
+            self.foreign_owner[key] = owner
+            self.on_change(namespace, owner)
 
     def apply(self, event_type: str | None, obj: Mapping[str, Any]) -> None:
         """A watch event (type None: listed): the object stored if newer, or deleted; a bookmark is
@@ -240,6 +310,8 @@ class Store:
             in_scope = namespace is None or key[0] == namespace
             if in_scope and key not in listed and not is_older(version, stored.resource_version):
                 self._delete(key, stored.resource_version)
+        for key in [key for key in self.foreign_owner if namespace in (None, key[0]) and key not in listed]:
+            self._note_foreign(key, None)
 
     def _delete(self, key: Key, version: str | None) -> None:
         stored = self.objects.get(key)
@@ -343,6 +415,10 @@ class WatchCache:
     def owned(self, api_version: str, kind: str, namespace: str, owner: str) -> list[Manifest]:
         """The objects of `kind` that belong to the MooncakeServing `owner`, by name."""
         return self.stores[(api_version, kind)].owned(namespace, owner)
+
+    def foreign_pods(self, namespace: str, owner: str) -> list[str]:
+        """Pods no workload controller created that `owner`'s client Service selects (a bounded few)."""
+        return self.stores[("v1", "Pod")].foreign_names(namespace, owner)
 
     def remember(self, obj: Mapping[str, Any]) -> None:
         """An object an API call returned (a write, or a read after a conflict): stored if newer."""

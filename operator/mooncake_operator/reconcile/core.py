@@ -41,7 +41,7 @@ from mooncake_operator.reconcile.children import (
     remove_replica_sets,
     scale_down_retired,
 )
-from mooncake_operator.reconcile.observe import observe, replica_sets
+from mooncake_operator.reconcile.observe import Observation, observe, replica_sets
 from mooncake_operator.reconcile.revisions import config_map_name, write_last_good
 from mooncake_operator.reconcile.slots import CanarySlots
 from mooncake_operator.reconcile.traffic import set_traffic
@@ -333,7 +333,7 @@ class _Pass:
         if order is None:
             return await self.actor.finish(decision)
         await self.actor.carry_out(decision)
-        fresh = await self.run_canary(serving, rendering.sets.active, order)
+        fresh = await self.run_canary(serving, rendering.sets.active, order, snapshot.observation)
         return await self.actor.finish(plan.decide(snapshot, fresh, now=self.runtime.clock()))
 
     async def apply(self, rendering: plan.Rendering) -> Decision | None:
@@ -380,14 +380,18 @@ class _Pass:
         found = list(urls) if urls is not None else render.master_pod_urls(serving)
         return tuple(await leader.master_views(self.runtime.http, found))
 
-    def replica_urls(self, serving: MooncakeServing, replica_set: str) -> list[str] | str:
-        """The canary's URLs, or why there are none to use. Mapped URLs (an operator outside the
-        cluster, tests) are looked up by the set's name, then by the resource's."""
+    def replica_urls(
+        self, serving: MooncakeServing, replica_set: str, observation: Observation
+    ) -> list[str] | str:
+        """The canary's URLs, or why there are none to use: the IPs of the set's pods as observed (the
+        pods this resource's StatefulSet created). Mapped URLs (an operator outside the cluster, tests)
+        are looked up by the set's name, then by the resource's."""
         mapped = self.settings.endpoints_for(self.namespace, replica_set) or self.settings.endpoints_for(
             self.namespace, serving.metadata.name
         )
         if mapped is None:
-            return render.replica_urls(serving, replica_set)
+            pod_names = render.replica_pod_names(serving, replica_set)
+            return plan.replica_urls(observation, pod_names, serving.spec.engine.port)
         if len(mapped) != serving.spec.replicas:
             return (
                 f"the operator's replica endpoints list {len(mapped)} URLs for "
@@ -396,11 +400,11 @@ class _Pass:
         return list(mapped)
 
     async def run_canary(
-        self, serving: MooncakeServing, replica_set: str, order: RunCanary
+        self, serving: MooncakeServing, replica_set: str, order: RunCanary, observation: Observation
     ) -> plan.CanaryRun:
         """Run it against the set's pods; returns the status evidence and the pods a failure blames."""
         logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, order.why)
-        fresh = await self._run_canary(serving, replica_set, order.target)
+        fresh = await self._run_canary(serving, replica_set, order.target, observation)
         logger.info(
             "%s/%s canary %s: %s",
             self.namespace,
@@ -411,10 +415,14 @@ class _Pass:
         return fresh
 
     async def _run_canary(
-        self, serving: MooncakeServing, replica_set: str, target: api.CanaryTarget
+        self,
+        serving: MooncakeServing,
+        replica_set: str,
+        target: api.CanaryTarget,
+        observation: Observation,
     ) -> plan.CanaryRun:
         pod_names = render.replica_pod_names(serving, replica_set)
-        urls = self.replica_urls(serving, replica_set)
+        urls = self.replica_urls(serving, replica_set, observation)
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))

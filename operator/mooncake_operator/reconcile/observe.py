@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_operator import render
+from mooncake_operator import api, render
 from mooncake_operator.api import MooncakeServing
-from mooncake_operator.reconcile.cache import WatchCache
+from mooncake_operator.ownership import controlled_by, controller_reference
+from mooncake_operator.reconcile.cache import MAX_FOREIGN_NAMES, WatchCache, in_client_service
 
 # The pod template a pod runs (a ControllerRevision of its StatefulSet): not the spec revision, nor the
 # model's.
@@ -30,6 +31,7 @@ class PodInfo:
     template_hash: str | None  # TEMPLATE_HASH_LABEL
     restarts: int
     traffic: str | None
+    ip: str | None = None  # status.podIP: where the canary reaches this very pod
 
     @property
     def identity(self) -> str:
@@ -74,6 +76,9 @@ class Observation:
     # Replica pods of the resource's other sets: the serving set while a BlueGreen candidate is proven,
     # or sets on their way out. Ordered by name.
     others: tuple[PodInfo, ...] = ()
+    # Pods the client Service selects that no StatefulSet of this resource created: they get user
+    # traffic nobody proved. Names, ordered, at most MAX_FOREIGN_NAMES.
+    foreign: tuple[str, ...] = ()
 
     @property
     def ready(self) -> bool:
@@ -99,6 +104,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         template_hash=labels.get(TEMPLATE_HASH_LABEL),
         restarts=restarts,
         traffic=labels.get(render.TRAFFIC_LABEL),
+        ip=status.get("podIP") or None,
     )
 
 
@@ -202,6 +208,21 @@ def in_set(pod_name: str, replica_set: str) -> bool:
     return ordinal != pod_name and ordinal.isdigit()
 
 
+def owned_replica_sets(cache: WatchCache, resource: MooncakeServing) -> dict[str, Mapping[str, Any]]:
+    """The resource's replica StatefulSets, by UID: those whose controller is this MooncakeServing (its
+    UID, not only its name: a resource deleted and re-created under the name is another owner)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for stateful_set in cache.owned(
+        "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
+    ):
+        metadata = stateful_set.get("metadata") or {}
+        if _component(stateful_set) == render.COMPONENT_REPLICA and controlled_by(
+            stateful_set, api.KIND, resource.metadata.uid
+        ):
+            found[str(metadata.get("uid") or "")] = stateful_set
+    return found
+
+
 def replica_sets(cache: WatchCache, resource: MooncakeServing) -> list[LiveSet]:
     """The resource's replica StatefulSets (not being deleted), by name."""
     found = []
@@ -228,19 +249,27 @@ def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | Non
     stateful_set = cache.get("apps/v1", "StatefulSet", namespace, set_name)
     pods = cache.owned("v1", "Pod", namespace, name)
     master_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_MASTER]
-    replica_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_REPLICA]
-    own = [pod for pod in replica_pods if in_set(_name(pod), set_name)]
-    others = tuple(
-        sorted(
-            (pod_info(pod) for pod in replica_pods if not in_set(_name(pod), set_name)), key=lambda i: i.name
-        )
-    )
+    # A replica pod is one a replica StatefulSet of this resource created (the controller reference's
+    # UIDs, pod -> StatefulSet -> this MooncakeServing): labels and names alone are anyone's to copy.
+    sets = owned_replica_sets(cache, resource)
+    set_uids = {uid for uid, found in sets.items() if _name(found) == set_name}
+    own, other_pods, foreign = [], [], set(cache.foreign_pods(namespace, name))
+    for pod in pods:
+        reference = controller_reference(pod) or {}
+        if reference.get("kind") == "StatefulSet" and reference.get("uid") in set_uids:
+            own.append(pod)
+        elif reference.get("kind") == "StatefulSet" and reference.get("uid") in sets:
+            other_pods.append(pod)
+        elif _component(pod) != render.COMPONENT_MASTER and in_client_service(pod) == name:
+            foreign.add(_name(pod))
+    others = tuple(sorted((pod_info(pod) for pod in other_pods), key=lambda info: info.name))
     master = (
         ha_master_rollout_state(resource, master_workload, master_pods)
         if ha
         else master_state(master_workload, master_pods)
     )
-    return Observation(master, replica_state(resource, stateful_set, own, set_name), others)
+    replicas = replica_state(resource, stateful_set if set_uids else None, own, set_name)
+    return Observation(master, replicas, others, tuple(sorted(foreign)[:MAX_FOREIGN_NAMES]))
 
 
 def _name(obj: Mapping[str, Any]) -> str:

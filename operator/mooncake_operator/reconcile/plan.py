@@ -419,6 +419,30 @@ def canary_target(inputs: _Inputs) -> CanaryTarget:
     )
 
 
+def replica_urls(observation: Observation, pod_names: Sequence[str], port: int) -> list[str] | str:
+    """The canary's URL of each of `pod_names` (ordinal order): the IP of the pod the observation found
+    (a pod this resource's StatefulSet created), never a DNS name another pod with the same
+    hostname/subdomain could answer for. Or why there are none to use: a pod missing, or without an IP."""
+    by_name = {pod.name: pod for pod in observation.replicas.pods if not pod.terminating}
+    urls, missing = [], []
+    for name in pod_names:
+        pod = by_name.get(name)
+        if pod is None or not pod.ip:
+            missing.append(name)
+        else:
+            host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
+            urls.append(f"http://{host}:{port}")
+    if missing:
+        return (
+            f"no pod IP yet for replica pod(s) {', '.join(missing)} created by this resource's StatefulSet: "
+            "the canary reaches each replica at the IP of the pod it proves; retried"
+        )
+    shared = sorted({url for url in urls if urls.count(url) > 1})
+    if shared:
+        return f"replica pods share an address ({', '.join(shared)}): the canary needs one per replica"
+    return urls
+
+
 def _passed_at(canary: CanaryStatus | None, revision: str) -> bool:
     return (
         canary is not None
@@ -476,6 +500,7 @@ def _next_status(
         traffic=traffic,
         high_availability=inputs.high_availability,
         rollout=rollout,
+        foreign_pods=list(inputs.observation.foreign) or None,
     )
 
 
@@ -743,6 +768,21 @@ def _decision(previous: MooncakeServingStatus, planned: _Plan, first: tuple[Acti
     return Decision(tuple(actions), planned.outcome)
 
 
+def foreign_pod_event(previous: MooncakeServingStatus, new: MooncakeServingStatus) -> PostEvent | None:
+    """A Warning when the client Service selects a pod no replica StatefulSet of this resource created,
+    posted when such a pod is first seen (not on every pass while it stays)."""
+    found = new.foreign_pods or []
+    if not set(found) - set(previous.foreign_pods or []):
+        return None
+    more = f" (the first {len(found)} found)" if len(found) >= api.MAX_FOREIGN_PODS else ""
+    message = (
+        f"the client Service selects pod(s) {', '.join(found)}{more} that no replica StatefulSet of this "
+        "resource created: they carry every label of its selector and get user traffic no canary proved; "
+        "delete them or remove the labels (the operator does not touch pods it does not own)"
+    )
+    return PostEvent(reason="ForeignPodInService", message=message, type="Warning")
+
+
 def _ready_message(current: MooncakeServingStatus) -> str | None:
     ready = find(current.conditions, READY)
     return ready.message if ready else None
@@ -761,6 +801,9 @@ def _status_actions(
         reason = ready.reason if ready else reported.phase
         message = f"{reported.phase}: {ready.message}" if ready else reported.phase
         actions.append(PostEvent(reason, message, status.event_type(reported.phase, reason)))
+    foreign = foreign_pod_event(previous, new)
+    if foreign is not None:
+        actions.append(foreign)
     return actions
 
 
