@@ -14,7 +14,9 @@ import json
 import os
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.support import cluster, kube_node
@@ -31,6 +33,7 @@ from tests.support.fault_load import (
 from tests.support.kube_node import kubectl
 
 from mooncake_operator import api
+from mooncake_operator.render import TRAFFIC_LABEL
 
 BASELINE_S = 12.0  # load before the fault: the reference answer, and a serving baseline
 TAIL_S = 8.0  # load after recovery: every request in it must succeed
@@ -309,3 +312,142 @@ def test_deleted_master_pod_ends_ready_with_a_proven_hit(serving: str) -> None:
     status = status_of(serving)
     assert status["canary"]["target"]["masterPod"] != master["metadata"]["uid"]
     assert result["canaries_run"] >= 1
+
+
+# --- 5 and 6: the control plane's processes restarted; the data path does not need them -----------
+
+RELIST_WINDOW_S = 30.0  # the operator's LISTs counted in this long a window before the fault and after
+
+
+def client_endpoints(name: str) -> list[str]:
+    """The ready addresses of the client Service's Endpoints: who gets user traffic."""
+    endpoints = json.loads(kubectl(["get", "endpoints", name, "--namespace=default", "-o", "json"]))
+    return sorted(a["ip"] for subset in endpoints.get("subsets") or [] for a in subset.get("addresses") or [])
+
+
+def traffic_labels(name: str) -> dict[str, str | None]:
+    return {p["metadata"]["name"]: p["metadata"]["labels"].get(TRAFFIC_LABEL) for p in replica_pods(name)}
+
+
+def operator_lists(since: datetime, seconds: float) -> Counter[str]:
+    """The operator's LIST requests (its watches' lists included) per resource in [since, since+seconds),
+    from the API server's audit log."""
+    user = f"system:serviceaccount:{cluster.OPERATOR_NAMESPACE}:"
+    return kube_node.audited_lists(user, since) - kube_node.audited_lists(
+        user, since + timedelta(seconds=seconds)
+    )
+
+
+# --- 6. the kubelet restarted ---------------------------------------------------------------------
+
+KUBELET_WATCH_S = 45.0  # watched this long after the kubelet is back: a pod leaving traffic would show
+
+
+def test_kubelet_restart_reproves_nothing_and_nothing_leaves_traffic(serving: str) -> None:
+    run_before = (status_of(serving).get("canary") or {}).get("runId")
+    served = (traffic_labels(serving), client_endpoints(serving))
+    restarted: dict[str, float] = {}
+    samples: list[dict[str, Any]] = []
+
+    def inject() -> None:
+        restarted["restart_s"] = kube_node.restart_kubelet()
+        restarted["back_at"] = time.monotonic()
+
+    def sample() -> None:
+        samples.append(
+            {
+                "labels": traffic_labels(serving),
+                "endpoints": client_endpoints(serving),
+                "runId": (status_of(serving).get("canary") or {}).get("runId"),
+            }
+        )
+
+    def recovered(_: float) -> Callable[[], bool]:
+        def probe() -> bool:
+            ready = condition(status_of(serving), "Ready").get("status") == "True"
+            return ready and time.monotonic() - restarted["back_at"] >= KUBELET_WATCH_S
+
+        return probe
+
+    result = run_scenario("kubelet restarted", serving, inject, recovered, on_poll=sample)
+    report({"scenario": "kubelet restarted (restart)", "kubelet_restart_s": round(restarted["restart_s"], 1)})
+    errors = set(result["failed_statuses"]) - {"overloaded"}
+    assert not errors, f"users saw failures while only the kubelet restarted: {result}"
+    assert (status_of(serving).get("canary") or {}).get("runId") == run_before, "a canary ran again"
+    assert result["canaries_run"] == 0, result
+    changed = [s for s in samples if (s["labels"], s["endpoints"]) != served or s["runId"] != run_before]
+    assert not changed, f"traffic or the proof changed: before {served}, {run_before}; {changed[:3]}"
+
+
+# --- 5. kube-apiserver restarted ------------------------------------------------------------------
+
+
+def test_apiserver_restart_misses_no_change_and_storms_no_relist(serving: str) -> None:
+    served = (traffic_labels(serving), client_endpoints(serving))
+    rerun = str(int(time.time()))
+    restarted: dict[str, Any] = {}
+    samples: list[dict[str, Any]] = []
+
+    def inject() -> None:
+        restarted["down_at"] = datetime.now(UTC)
+        restarted["restart_s"] = kube_node.restart_apiserver()
+        restarted["back_at"], restarted["back_mono"] = datetime.now(UTC), time.monotonic()
+        # Right after the API server is back, before the operator's watches could have listed again: a
+        # missed transition would leave this rerun unrun.
+        kubectl(
+            [
+                "annotate",
+                "mcs",
+                serving,
+                "--namespace=default",
+                f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
+                "--overwrite",
+            ]
+        )
+
+    def sample() -> None:
+        status = status_of(serving)
+        acted = (
+            condition(status, "CanaryPassed").get("reason") == "CanaryRunning"
+            or ((status.get("canary") or {}).get("target") or {}).get("rerun") == rerun
+        )
+        samples.append(
+            {"at": time.monotonic(), "serving": (status.get("traffic") or {}).get("serving"), "acted": acted}
+        )
+
+    def recovered(moment: float) -> Callable[[], bool]:
+        proven = proven_again_after(serving, moment)
+
+        def probe() -> bool:
+            canary = status_of(serving).get("canary") or {}
+            return proven() and (canary.get("target") or {}).get("rerun") == rerun
+
+        return probe
+
+    window = RELIST_WINDOW_S
+    result = run_scenario("kube-apiserver restarted", serving, inject, recovered, on_poll=sample)
+    elapsed = (datetime.now(UTC) - restarted["back_at"]).total_seconds()
+    if elapsed < window:
+        time.sleep(window - elapsed)
+    acted_at = next((s["at"] for s in samples if s["acted"]), None)
+    baseline = operator_lists(restarted["down_at"] - timedelta(seconds=window), window)
+    after = operator_lists(restarted["back_at"], window)
+    report(
+        {
+            "scenario": "kube-apiserver restarted (relists)",
+            "apiserver_restart_s": round(restarted["restart_s"], 1),
+            "rerun_acted_on_s": None if acted_at is None else round(acted_at - restarted["back_mono"], 1),
+            "operator_lists_before": dict(baseline),
+            "operator_lists_after": dict(after),
+            "window_s": window,
+        }
+    )
+    # The data path does not need the API server: no user request may fail (ticks skipped because 8
+    # requests were in flight are measured, not failures of this fault).
+    errors = set(result["failed_statuses"]) - {"overloaded"}
+    assert not errors, f"users saw failures while only the API server restarted: {result}"
+    assert all(s["serving"] == 2 for s in samples if s["serving"] is not None), samples
+    assert (traffic_labels(serving), client_endpoints(serving)) == served, "a pod left traffic"
+    # A relist storm lists the same resources again and again: each watch may list once more.
+    storm = {r: n for r, n in after.items() if n > baseline.get(r, 0) + 2}
+    assert not storm, f"the operator relisted after the restart: {dict(after)} vs before {dict(baseline)}"

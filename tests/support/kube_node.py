@@ -27,12 +27,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from tests.support.apiserver import SERVICE_CLUSTER_IP_RANGE, ControlPlaneError, start_control_plane
 
 from mooncake_sandbox.engine_env import cache_root
@@ -84,6 +87,17 @@ CLONE_NEWNET = 0x40000000
 # node tier scales the resource to three.
 ADVERTISED_GPUS = 3
 GPU_RESOURCE = "nvidia.com/gpu"
+KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz"
+# The API server's audit log records LIST requests only (who, what, when): the fault tier counts a
+# client's relists after an API server restart with it (the API server's own counters restart at zero
+# and do not say who asked).
+AUDIT_LOG = ROOT / "logs" / "audit.log"
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata", "verbs": ["list"]}, {"level": "None"}],
+}
 
 Log = Callable[[str], None]
 
@@ -226,9 +240,8 @@ def create_cgroup_root(state: dict[str, Any]) -> None:
 
 
 def spawn(state: dict[str, Any], name: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    logs = ROOT / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with (logs / f"{name}.log").open("ab") as log:
+    log_path(name).parent.mkdir(parents=True, exist_ok=True)
+    with log_path(name).open("ab") as log:
         process = subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
@@ -242,10 +255,14 @@ def spawn(state: dict[str, Any], name: str, argv: Sequence[str], **kwargs: Any) 
     return process
 
 
-def log_tail(name: str, lines: int = 30) -> str:
-    path = ROOT / "logs" / f"{name}.log"
+def log_path(name: str) -> Path:
     if name in ("etcd", "kube-apiserver", "kube-controller-manager"):
-        path = ROOT / "control-plane" / f"{name}.log"
+        return ROOT / "control-plane" / f"{name}.log"  # tests/support/apiserver.py's
+    return ROOT / "logs" / f"{name}.log"
+
+
+def log_tail(name: str, lines: int = 30) -> str:
+    path = log_path(name)
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
@@ -302,6 +319,74 @@ def stop_pid(pid: int, exe: str, grace: float = 10.0) -> None:
     # Our own children (a failed `up`) would stay zombies otherwise.
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def command_of(pid: int) -> tuple[list[str], Path]:
+    """The argv and working directory a running process was started with."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    return [arg.decode() for arg in argv], Path(os.readlink(f"/proc/{pid}/cwd"))
+
+
+def restart(name: str, healthy: Callable[[], bool], timeout: float = 120.0) -> float:
+    """Stops the component `up` started as `name`, by its recorded pid, starts it again with the same
+    argv and working directory (its log appended to), and waits until `healthy()`. Returns the
+    seconds from the stop to healthy."""
+    state = load_state()
+    entry = state["pids"][name]
+    if not _same_process(entry["pid"], entry["exe"]):
+        raise ClusterError(f"{name} (pid {entry['pid']}) is not running")
+    argv, cwd = command_of(entry["pid"])
+    started = time.monotonic()
+    stop_pid(entry["pid"], entry["exe"])
+    if _alive(entry["pid"]):
+        raise ClusterError(f"{name} (pid {entry['pid']}) did not stop")
+    spawn(state, name, argv, cwd=cwd)
+    wait_for(f"{name} healthy after its restart", healthy, timeout, [name])
+    return time.monotonic() - started
+
+
+def restart_apiserver(timeout: float = 120.0) -> float:
+    """kube-apiserver restarted; healthy when its /readyz answers ok."""
+    return restart("kube-apiserver", lambda: kubectl(["get", "--raw", "/readyz"]).strip() == "ok", timeout)
+
+
+def restart_kubelet(timeout: float = 120.0) -> float:
+    """The kubelet restarted (containerd keeps the pods running); healthy when its /healthz answers ok
+    and the node is Ready."""
+
+    def healthy() -> bool:
+        if httpx.get(KUBELET_HEALTHZ, timeout=2).text != "ok":
+            return False
+        node = json.loads(kubectl(["get", "node", NODE_NAME, "-o", "json"]))
+        conditions = node.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    return restart("kubelet", healthy, timeout)
+
+
+def count_lists(lines: Iterable[str], user_prefix: str, since: datetime) -> Counter[str]:
+    """LIST requests per resource in audit-log `lines` (JSON events) made by users whose name starts
+    with `user_prefix` and received at or after `since` (timezone-aware)."""
+    counts: Counter[str] = Counter()
+    for line in lines:
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        if event.get("verb") != "list" or not event.get("user", {}).get("username", "").startswith(
+            user_prefix
+        ):
+            continue
+        received = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+        if received >= since:
+            ref = event.get("objectRef") or {}
+            counts["/".join(filter(None, (ref.get("apiGroup"), ref.get("resource"))))] += 1
+    return counts
+
+
+def audited_lists(user_prefix: str, since: datetime) -> Counter[str]:
+    """`count_lists` of the cluster's audit log."""
+    with AUDIT_LOG.open(encoding="utf-8") as log:
+        return count_lists(log, user_prefix, since)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,7 +458,6 @@ def cni_config() -> dict[str, Any]:
 
 
 def write_kubeconfig(path: Path, server: str, ca: Path, token: str, user: str) -> Path:
-    import yaml
     from tests.support.apiserver import kubeconfig_document
 
     path.write_text(yaml.safe_dump(kubeconfig_document(server, ca, token, user)))
@@ -554,6 +638,8 @@ def up(log: Log) -> None:
 
     log("control plane: etcd, kube-apiserver, kube-controller-manager")
     kubelet_token, proxy_token = secrets.token_hex(24), secrets.token_hex(24)
+    audit_policy = ROOT / "audit-policy.yaml"
+    audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY))
     try:
         plane = start_control_plane(
             address=NODE_IP,
@@ -571,7 +657,11 @@ def up(log: Log) -> None:
             ),
             # The kubelet is authorized as its node (Node authorizer), everything else by RBAC.
             authorization_modes=("Node", "RBAC"),
-            apiserver_args=("--kubelet-preferred-address-types=InternalIP",),
+            apiserver_args=(
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={AUDIT_LOG}",
+            ),
             timeout=120.0,
             kubelet_client=True,
         )
