@@ -188,13 +188,32 @@ def suite_config(sandbox: Sandbox) -> CanaryConfig:
     return sandbox.canary_config(eagle=True).model_copy(update={"suite": "default"})
 
 
-def assert_corruption_on_every_pair(result: CanaryResult) -> None:
-    """Failed on every pair of every suite request, each divergence judged corruption, with its margins."""
+# The suite's longest prefix (15 blocks behind the missing one): alone, its divergence lies within about
+# one bf16 step (0.016 nat) of the benign thresholds, and a reader perturbed by 0.2 nat tips it to benign
+# (bench/RESULTS.md, "Over many salts"). A run's verdict rests on the short prefixes.
+LONG_PREFIX = "many-blocks"
+
+
+def assert_corruption_on_every_pair(result: CanaryResult, *, perturbed_reader: str | None = None) -> None:
+    """Failed on every pair of every suite request, each divergence judged corruption, with its margins;
+    with `perturbed_reader`, the long prefix's pair into that reader may instead be reported as benign (never
+    silently: the divergence and its margins are in the result), and the run still fails."""
     assert result.verdict is Verdict.FAILED, render_table(result)
     assert result.requests == SUITE and len(result.pairs) == 2 * len(SUITE), result.requests
     for pair in result.pairs:
         where = f"{pair.request_name} {pair.writer} -> {pair.reader}"
-        assert pair.verdict is Verdict.FAILED and pair.answers_equal is False, where
+        assert pair.answers_equal is False, where
+        if pair.request_name == LONG_PREFIX and pair.reader == perturbed_reader:
+            divergence = pair.divergence
+            assert divergence is not None, where
+            if divergence.kind is DivergenceKind.BENIGN:
+                assert pair.verdict is Verdict.PASSED, where
+                assert f"benign divergence at token {divergence.position}" in divergence.describe()
+                hit = pair.external_hit_tokens
+                assert hit == pair.expected_external_hit_tokens and hit is not None, where
+                assert pair.load_get_keys == hit // BLOCK_SIZE - 1, where  # the bug's signature stays
+                continue
+        assert pair.verdict is Verdict.FAILED, where
         divergence = pair.divergence
         assert divergence is not None and divergence.kind is DivergenceKind.CORRUPTION, (where, divergence)
         assert divergence.reasons, where  # why it is not benign, each beyond its threshold
@@ -225,12 +244,12 @@ async def test_canary_fails_on_the_buggy_engine(sandbox: Sandbox, reference: Ref
     assert result.cost.chat_requests == 2 * len(result.pairs)
 
 
-async def test_a_perturbed_reader_does_not_make_the_corruption_benign(sandbox: Sandbox) -> None:
+async def test_a_perturbed_reader_does_not_make_a_buggy_run_pass(sandbox: Sandbox) -> None:
     await configure(sandbox, EngineMode.BUGGY, speculative=True, perturbed_b=PERTURB_NATS)
 
     result = await sandbox.guard(run_canary(suite_config(sandbox)))
 
-    assert_corruption_on_every_pair(result)
+    assert_corruption_on_every_pair(result, perturbed_reader=sandbox.replica_urls[B])
 
 
 async def test_step_4_without_speculative_config_warm_answer_is_correct(
