@@ -237,6 +237,20 @@ def kept_records(name: str) -> dict[str, Any]:
     }
 
 
+def ask_for_a_canary(serving: str, rerun: str) -> None:
+    """The rerun annotation, as a user sets it (docs/operator.md)."""
+    kubectl(
+        [
+            "annotate",
+            "mcs",
+            serving,
+            "--namespace=default",
+            f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
+            "--overwrite",
+        ]
+    )
+
+
 def test_operator_killed_during_a_canary_loses_nothing(serving: str) -> None:
     (old_pod,) = operator_pod_names()
     kept = kept_records(serving)
@@ -244,16 +258,7 @@ def test_operator_killed_during_a_canary_loses_nothing(serving: str) -> None:
     samples: list[dict[str, Any]] = []
 
     def inject() -> None:
-        kubectl(
-            [
-                "annotate",
-                "mcs",
-                serving,
-                "--namespace=default",
-                f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
-                "--overwrite",
-            ]
-        )
+        ask_for_a_canary(serving, rerun)
         wait_until(
             "the canary runs",
             lambda: condition(status_of(serving), "CanaryPassed").get("reason") == "CanaryRunning",
@@ -394,16 +399,7 @@ def test_apiserver_restart_misses_no_change_and_storms_no_relist(serving: str) -
         restarted["back_at"], restarted["back_mono"] = datetime.now(UTC), time.monotonic()
         # Right after the API server is back, before the operator's watches could have listed again: a
         # missed transition would leave this rerun unrun.
-        kubectl(
-            [
-                "annotate",
-                "mcs",
-                serving,
-                "--namespace=default",
-                f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
-                "--overwrite",
-            ]
-        )
+        ask_for_a_canary(serving, rerun)
 
     def sample() -> None:
         status = status_of(serving)
