@@ -2,10 +2,11 @@
 
 Two operator processes (a second release, `replicas: 2`, a rollout overlapping the old pod) would
 reconcile and canary the same replicas at once. Before kopf starts, the process takes the Lease (or waits
-for it, idle, retrying every `retry_seconds`); while it runs, it renews the Lease every `renew_seconds`;
-when it cannot renew for `duration_seconds` (another process took over, or the API server is gone) it stops
-the operator and exits non-zero, so it never reconciles without the Lease. A clean stop releases the Lease,
-so a standby takes over within one retry instead of waiting for it to expire.
+for it, idle, retrying every `retry_seconds`); while it runs, it renews the Lease every third of its
+duration; when it has not renewed for two thirds of it (another process took over, or the API server
+is gone) it stops the operator and exits non-zero, before the Lease can expire for anyone else, so it
+never reconciles without the Lease. A clean stop releases the Lease, so a standby takes over within one
+retry instead of waiting for it to expire.
 
 Writes are conditional on the Lease's resourceVersion (a merge patch carrying it), so two candidates that
 both see an expired Lease cannot both take it: the API server answers the second with 409 Conflict.
@@ -17,17 +18,23 @@ import asyncio
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
+from mooncake_operator.operator_settings import SettingsError
 
 logger = logging.getLogger("mooncake_operator.operator_lease")
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"
 LEASE_KIND = "Lease"
+DEFAULT_LEASE_DURATION_SECONDS = 15
+# At 6 s the leader renews every 2 s (a standby's retry period) and stops after 4 s without an answer:
+# shorter leaves a slow API server no room. Past an hour, a dead leader's Lease idles standbys too long.
+MIN_LEASE_DURATION_SECONDS = 6
+MAX_LEASE_DURATION_SECONDS = 3600
 
 
 def default_identity() -> str:
@@ -40,9 +47,27 @@ class LeaseSettings:
     namespace: str
     name: str = "mooncake-operator"
     identity: str = ""
-    duration_seconds: float = 15.0
-    renew_seconds: float = 5.0
-    retry_seconds: float = 2.0
+    # The one timing users set (`run --lease-duration-seconds`); the Lease's leaseDurationSeconds.
+    duration_seconds: int = DEFAULT_LEASE_DURATION_SECONDS
+    retry_seconds: float = 2.0  # a standby's (and a failed take's) wait before trying again
+
+    def __post_init__(self) -> None:
+        if not MIN_LEASE_DURATION_SECONDS <= self.duration_seconds <= MAX_LEASE_DURATION_SECONDS:
+            raise SettingsError(
+                f"lease-duration-seconds must be between {MIN_LEASE_DURATION_SECONDS} and "
+                f"{MAX_LEASE_DURATION_SECONDS}, not {self.duration_seconds}"
+            )
+
+    @property
+    def renew_seconds(self) -> float:
+        """How often the leader renews: three renewals fit in one duration."""
+        return self.duration_seconds / 3
+
+    @property
+    def renew_deadline_seconds(self) -> float:
+        """How long the leader goes on without a renewal before it stops: two renewal periods, leaving one
+        third of the duration to stop before the Lease expires for the others."""
+        return self.duration_seconds - self.renew_seconds
 
 
 class LeadershipLost(Exception):
@@ -80,11 +105,13 @@ class LeaderElector:
         settings: LeaseSettings,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.kube = kube
         self.settings = settings
         self.identity = settings.identity or default_identity()
         self.clock = clock
+        self.sleep = sleep
 
     async def try_acquire(self) -> tuple[bool, str | None]:
         """(True, us) when we hold the Lease now (taken or renewed); else (False, the holder)."""
@@ -96,7 +123,7 @@ class LeaderElector:
             return False, holder
         spec: dict[str, Any] = {
             "holderIdentity": self.identity,
-            "leaseDurationSeconds": round(s.duration_seconds),
+            "leaseDurationSeconds": s.duration_seconds,
             "renewTime": _micro_time(now),
         }
         try:
@@ -145,27 +172,39 @@ class LeaderElector:
                     self.identity,
                 )
                 announced = holder
-            await asyncio.sleep(s.retry_seconds)
+            await self.sleep(s.retry_seconds)
 
     async def keep(self) -> None:
-        """Renew until cancelled; raises LeadershipLost when a renewal has not succeeded in time."""
+        """Renew until cancelled; raises LeadershipLost when another process holds the Lease, or when no
+        renewal has succeeded for the renew deadline."""
         s = self.settings
         last_renewed = self.clock()
         while True:
-            await asyncio.sleep(s.renew_seconds)
+            await self.sleep(s.renew_seconds)
+            # A renewal that has not answered by the deadline counts as failed: an API server that
+            # accepts connections but never answers must not keep this process leading past it.
+            started = self.clock()
+            left = s.renew_deadline_seconds - (started - last_renewed).total_seconds()
             try:
-                renewed, holder = await self.try_acquire()
-            except KubeError as error:
-                logger.warning("lease %s/%s: renewal failed: %s", s.namespace, s.name, error)
+                async with asyncio.timeout(max(left, 0.0)):
+                    renewed, holder = await self.try_acquire()
+            except (KubeError, TimeoutError) as error:
+                reason = error if isinstance(error, KubeError) else "no answer before the renew deadline"
+                logger.warning("lease %s/%s: renewal failed: %s", s.namespace, s.name, reason)
                 renewed, holder = False, None
             now = self.clock()
             if renewed:
-                last_renewed = now
+                # The renewTime written is about when the renewal started: count from there, not from
+                # its answer, so a slow answer cannot carry this process past the Lease's expiry.
+                last_renewed = started
             elif holder is not None:
                 raise LeadershipLost(f"lease {s.namespace}/{s.name} is now held by {holder}")
             # Stop before the Lease can expire for others: they may take it once it has.
-            elif (now - last_renewed).total_seconds() >= s.duration_seconds - s.renew_seconds:
-                raise LeadershipLost(f"lease {s.namespace}/{s.name} not renewed for {s.duration_seconds:g} s")
+            elif (now - last_renewed).total_seconds() >= s.renew_deadline_seconds:
+                raise LeadershipLost(
+                    f"lease {s.namespace}/{s.name} not renewed for {s.renew_deadline_seconds:g} s "
+                    f"(two thirds of its duration, --lease-duration-seconds {s.duration_seconds})"
+                )
 
     async def release(self) -> None:
         """Give the Lease up (if still ours) so a standby takes over at once; errors are only logged."""

@@ -1,5 +1,6 @@
 """One operator at a time, on a real API server: two `mooncake-operator run` processes share a Lease;
-the second stays idle (reconciles nothing) until the first stops, then takes over."""
+the second stays idle (reconciles nothing) until the first stops, then takes over. Each holder writes its
+own `--lease-duration-seconds` into the Lease."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ LEASE = "mooncake-operator-test"
 
 
 @contextlib.contextmanager
-def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def operator_process(
+    kubeconfig: Path, namespace: str, log_path: Path, *extra_args: str
+) -> Iterator[subprocess.Popen[bytes]]:
     argv = [
         sys.executable,
         "-m",
@@ -41,6 +44,7 @@ def operator_process(kubeconfig: Path, namespace: str, log_path: Path) -> Iterat
         "--metrics-port=0",
         "--resync-seconds=1",
         "--retry-delay-seconds=0.5",
+        *extra_args,
     ]
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("KUBERNETES_")}
     with log_path.open("wb") as log:
@@ -66,6 +70,11 @@ async def holder(kube: KubeClient, namespace: str) -> str | None:
     return ((lease or {}).get("spec") or {}).get("holderIdentity")
 
 
+async def lease_duration(kube: KubeClient, namespace: str) -> object:
+    lease = await kube.get_or_none(LEASE_API_VERSION, LEASE_KIND, LEASE, namespace)
+    return ((lease or {}).get("spec") or {}).get("leaseDurationSeconds")
+
+
 async def reconciled(kube: KubeClient, namespace: str, name: str) -> bool:
     body = await kube.get_or_none(api.API_VERSION, api.KIND, name, namespace)
     return bool(((body or {}).get("status") or {}).get("phase"))
@@ -78,9 +87,10 @@ async def test_the_second_operator_stays_idle_until_the_first_stops(
         tmp_path / "admin.kubeconfig", kube_cluster.admin_token, "admin"
     )
     first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
-    with operator_process(kubeconfig, namespace, first_log) as first:
+    with operator_process(kubeconfig, namespace, first_log, "--lease-duration-seconds=45") as first:
         first_identity = await eventually(lambda: holder(kube, namespace), within=60, what="a Lease holder")
         assert first_identity.endswith(f"-{first.pid}")
+        assert await lease_duration(kube, namespace) == 45
         with operator_process(kubeconfig, namespace, second_log) as second:
             await eventually(
                 lambda: _contains(second_log, "standby: lease"), within=60, what="the second one in standby"
@@ -100,6 +110,7 @@ async def test_the_second_operator_stays_idle_until_the_first_stops(
                 lambda: _new_holder(kube, namespace, first_identity), within=30, what="the second takes over"
             )
             assert second_identity.endswith(f"-{second.pid}")
+            assert await lease_duration(kube, namespace) == 15  # the second's own (the default)
             await kube.create(serving(namespace, "two"))
             await eventually(lambda: reconciled(kube, namespace, "two"), within=60, what="'two' reconciled")
             assert second.poll() is None, log_of(second_log)

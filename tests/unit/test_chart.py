@@ -60,6 +60,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "livenessPort": 8181,
         "maxConcurrentCanaries": 3,
         "leaderCheckSeconds": 7.5,
+        "leaseDurationSeconds": 45,
         "extraArgs": ["--resync-seconds=60"],
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
     },
@@ -269,20 +270,31 @@ def test_operator_arguments_are_accepted_by_the_cli(rendered: dict[str, list[Man
 
 
 def test_operator_tuning_values_become_run_flags(rendered: dict[str, list[Manifest]]) -> None:
-    """`operator.maxConcurrentCanaries` and `operator.leaderCheckSeconds` reach the Deployment as the
-    flags `run` reads; with the chart's defaults the operator gets exactly the CLI's own defaults."""
+    """`operator.maxConcurrentCanaries`, `operator.leaderCheckSeconds` and `operator.leaseDurationSeconds`
+    reach the Deployment as the flags `run` reads; with the chart's defaults the operator gets exactly the
+    CLI's own defaults."""
     cli_defaults = build_parser().parse_args(["run"])
     defaults = build_parser().parse_args(deployment_args(rendered["defaults"]))
     assert "--max-concurrent-canaries=8" in deployment_args(rendered["defaults"])
     # The NetworkPolicies admit the operator from its own namespace only: the chart says which it is.
     namespace = only(rendered["defaults"], "Deployment")["metadata"]["namespace"]
     assert f"--operator-namespace={namespace}" in deployment_args(rendered["defaults"])
-    assert (defaults.max_concurrent_canaries, defaults.leader_check_seconds) == (
+    assert (
+        defaults.max_concurrent_canaries,
+        defaults.leader_check_seconds,
+        defaults.lease_duration_seconds,
+    ) == (
         cli_defaults.max_concurrent_canaries,
         cli_defaults.leader_check_seconds,
+        cli_defaults.lease_duration_seconds,
     )
+    assert "--lease-duration-seconds=15" in deployment_args(rendered["defaults"])
     non_default = build_parser().parse_args(deployment_args(rendered["non-default"]))
-    assert (non_default.max_concurrent_canaries, non_default.leader_check_seconds) == (3, 7.5)
+    assert (
+        non_default.max_concurrent_canaries,
+        non_default.leader_check_seconds,
+        non_default.lease_duration_seconds,
+    ) == (3, 7.5, 45)
 
 
 def test_chart_defaults_of_run_flags_are_the_clis() -> None:
@@ -299,6 +311,7 @@ def test_chart_defaults_of_run_flags_are_the_clis() -> None:
     assert operator_values["canaryRunDeadlineSeconds"] == cli_defaults.canary_run_deadline_seconds
     assert operator_values["canaryMaxMetricsBodyBytes"] == cli_defaults.canary_max_metrics_body_bytes
     assert operator_values["leaderCheckSeconds"] == cli_defaults.leader_check_seconds
+    assert operator_values["leaseDurationSeconds"] == cli_defaults.lease_duration_seconds
     assert operator_values["livenessPort"] == cli_defaults.liveness_port
 
 
@@ -408,6 +421,9 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("no canary allowed", {"operator": {"maxConcurrentCanaries": 0}}, "operator.maxConcurrentCanaries"),
     ("fractional canaries", {"operator": {"maxConcurrentCanaries": 1.5}}, "operator.maxConcurrentCanaries"),
     ("leader check never", {"operator": {"leaderCheckSeconds": 0}}, "operator.leaderCheckSeconds"),
+    ("lease too short", {"operator": {"leaseDurationSeconds": 5}}, "operator.leaseDurationSeconds"),
+    ("lease too long", {"operator": {"leaseDurationSeconds": 3601}}, "operator.leaseDurationSeconds"),
+    ("fractional lease", {"operator": {"leaseDurationSeconds": 7.5}}, "operator.leaseDurationSeconds"),
     # Checks the templates make (a schema cannot see the cluster or relate two values this way).
     (
         "service monitor without the monitoring API",

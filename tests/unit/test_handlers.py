@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
@@ -14,7 +15,7 @@ from mooncake_operator.kube import KubeClient, KubeConfig
 from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile import Outcome, worker
 from mooncake_operator.reconcile.cache import WatchCache
-from mooncake_operator.reconcile.worker import Workers, run_worker
+from mooncake_operator.reconcile.worker import WORKERS_STOPPED, Workers, run_worker
 
 pytestmark = pytest.mark.unit
 
@@ -58,6 +59,17 @@ async def test_one_worker_per_resource_and_the_cache_holds_what_kopf_saw() -> No
     assert stored is not None and stored["metadata"]["resourceVersion"] == "2"
     await running.close()
     assert sorted(recorder.cancelled) == [("ns", "demo"), ("ns", "other")]
+    await kube.aclose()
+
+
+async def test_closing_says_once_every_worker_has_stopped(caplog: pytest.LogCaptureFixture) -> None:
+    running, recorder, kube = workers()
+    await running.observe("ADDED", serving("demo", "1"))
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.INFO, logger="mooncake_operator.reconcile"):
+        await running.close()
+    assert recorder.cancelled == [("ns", "demo")] and not running.tasks
+    assert f"{WORKERS_STOPPED} 1 workers (their reconciles and canaries cancelled)" in caplog.text
     await kube.aclose()
 
 

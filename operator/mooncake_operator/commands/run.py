@@ -17,7 +17,15 @@ from kopf._core.engines.peering import Identity  # the type of kopf.run's identi
 from mooncake_operator import exit_codes
 from mooncake_operator.handlers import build_registry
 from mooncake_operator.kube import KubeClient, KubeConfigError
-from mooncake_operator.operator_lease import LeaderElector, LeadershipLost, LeaseSettings, default_identity
+from mooncake_operator.operator_lease import (
+    DEFAULT_LEASE_DURATION_SECONDS,
+    MAX_LEASE_DURATION_SECONDS,
+    MIN_LEASE_DURATION_SECONDS,
+    LeaderElector,
+    LeadershipLost,
+    LeaseSettings,
+    default_identity,
+)
 from mooncake_operator.operator_settings import (
     DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
     DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
@@ -223,6 +231,20 @@ def register(subparsers: Any) -> None:
         metavar="NAME",
         help="name of the Lease (default: mooncake-operator)",
     )
+    parser.add_argument(
+        "--lease-duration-seconds",
+        type=int,
+        default=DEFAULT_LEASE_DURATION_SECONDS,
+        metavar="S",
+        help=f"the Lease's duration (default: {DEFAULT_LEASE_DURATION_SECONDS}). The leader renews it every "
+        "S/3; when it could not renew for 2S/3 (the API server unreachable that long) it exits 1, before "
+        "the Lease can expire for a standby, and the kubelet restarts it. It rides out an API server outage "
+        "shorter than S/3 whenever that starts: set S to three times the longest outage you expect (a "
+        "single API server's restart, a control-plane upgrade). The cost: a leader that dies without "
+        "releasing the Lease keeps other pods (a standby, a replacement on another node) waiting up to S. "
+        f"From {MIN_LEASE_DURATION_SECONDS} (shorter renewal periods leave no room for a slow answer) to "
+        f"{MAX_LEASE_DURATION_SECONDS}",
+    )
     verbosity = parser.add_mutually_exclusive_group()
     verbosity.add_argument("--quiet", action="store_true", help="log warnings and errors only")
     verbosity.add_argument("--debug", action="store_true", help="log at DEBUG (default: INFO)")
@@ -267,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from(args)
         settings.kube_config()  # fail now, with the reason, rather than inside kopf's login loop
+        lease = lease_settings_from(args, settings)
     except (SettingsError, KubeConfigError) as error:
         print(f"mooncake-operator run: {error}", file=sys.stderr)
         return exit_codes.USAGE
@@ -286,13 +309,25 @@ def run(args: argparse.Namespace) -> int:
             liveness_endpoint=settings.liveness_endpoint,
         )
         return 0
+    return asyncio.run(run_as_leader(settings, lease))
+
+
+def lease_settings_from(args: argparse.Namespace, settings: OperatorSettings) -> LeaseSettings:
     namespace = (
         args.lease_namespace
         or os.environ.get("POD_NAMESPACE")
         or settings.kube_config().namespace
         or "default"
     )
-    return asyncio.run(run_as_leader(settings, LeaseSettings(namespace=namespace, name=args.lease_name)))
+    return LeaseSettings(
+        namespace=namespace, name=args.lease_name, duration_seconds=args.lease_duration_seconds
+    )
+
+
+def exit_now(status: int) -> None:
+    """Ends the process at once, without waiting for tasks that ignore cancellation (a handler still
+    running would act without the Lease)."""
+    os._exit(status)
 
 
 async def run_as_leader(settings: OperatorSettings, lease: LeaseSettings) -> int:
@@ -320,7 +355,16 @@ async def run_as_leader(settings: OperatorSettings, lease: LeaseSettings) -> int
             error = keeper.exception()
             logger.error("stopping: %s", error if isinstance(error, LeadershipLost) else repr(error))
             stop.set()
-            await asyncio.wait({operator}, timeout=30)
+            # What is left of the Lease is the time to stop in: after it another process may take it.
+            margin = lease.duration_seconds - lease.renew_deadline_seconds
+            await asyncio.wait({operator}, timeout=max(margin - 1.0, 0.5))
+            if not operator.done():
+                logger.error(
+                    "kopf did not stop within %.0f s: exiting now, before another process may take the Lease",
+                    margin,
+                )
+                logging.shutdown()
+                exit_now(1)
             return 1
         keeper.cancel()
         with contextlib.suppress(asyncio.CancelledError):
