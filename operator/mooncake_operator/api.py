@@ -1271,6 +1271,28 @@ class MasterSpec(ApiModel):
         description="Several masters with leader election through etcd (off by default).",
     )
     scheduling: Scheduling | None = Field(default=None, description="Where the master pod runs.")
+    client_ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description=(
+            "mooncake_master -client_ttl: seconds a store client (a replica's worker) stays mounted without "
+            "a heartbeat. Unset: Mooncake's default (10 s). Raise it where busy engines can miss "
+            "heartbeats (CPU-starved nodes): an unmounted live replica's blocks fail every load. The price: "
+            "a crashed replica's segment stays mounted, and receives blocks, that long."
+        ),
+    )
+    kv_lease_ttl_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description=(
+            "mooncake_master -default_kv_lease_ttl: seconds a reader's lease keeps a block from eviction "
+            "while it transfers it. Unset: Mooncake's default (10 s). A transfer slower than this fails, "
+            "and vLLM answers that request with HTTP 500. Raise it where transfers can stall (CPU-starved "
+            "nodes, TCP under load); leased blocks cannot be evicted meanwhile."
+        ),
+    )
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> MasterSpec:

@@ -307,13 +307,17 @@ def master_argv(
     With `ha` the master joins the leader election; `rpc_address` is then also the address it publishes
     to clients as the leader's, so it must be one they reach (the pod IP, not 0.0.0.0)."""
     master = spec.store.master
-    argv = (
+    argv: tuple[str, ...] = (
         executable,
         f"-rpc_address={rpc_address}",
         f"-rpc_port={rpc_port if rpc_port is not None else master.rpc_port}",
         f"-metrics_host={metrics_host}",
         f"-metrics_port={metrics_port if metrics_port is not None else master.metrics_port}",
     )
+    if master.client_ttl_seconds is not None:
+        argv += (f"-client_ttl={master.client_ttl_seconds}",)
+    if master.kv_lease_ttl_seconds is not None:
+        argv += (f"-default_kv_lease_ttl={master.kv_lease_ttl_seconds}s",)
     return argv if ha is None else (*argv, *ha.master_flags())
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -51,8 +51,11 @@ _POLL_S = 0.2
 T = TypeVar("T")
 
 
-def sandbox_ha_resource(etcd_endpoint: str, *, masters: int, enable_oplog: bool) -> MooncakeServing:
-    """The customer's deployment with highly available masters electing through the sandbox's etcd."""
+def sandbox_ha_resource(
+    etcd_endpoint: str, *, masters: int, enable_oplog: bool, master_timing: Mapping[str, Any] | None = None
+) -> MooncakeServing:
+    """The customer's deployment with highly available masters electing through the sandbox's etcd;
+    `master_timing`: spec.store.master fields the sandbox changes (its client and lease TTLs)."""
     resource = customer_deployment()
     ha = MasterHighAvailability(
         enabled=True,
@@ -60,7 +63,7 @@ def sandbox_ha_resource(etcd_endpoint: str, *, masters: int, enable_oplog: bool)
         enable_oplog=enable_oplog,
         etcd=EtcdSpec(external=ExternalEtcd(endpoints=[etcd_endpoint])),
     )
-    master = resource.spec.store.master.model_copy(update={"high_availability": ha})
+    master = resource.spec.store.master.model_copy(update={**(master_timing or {}), "high_availability": ha})
     store = resource.spec.store.model_copy(update={"master": master})
     return resource.model_copy(update={"spec": resource.spec.model_copy(update={"store": store})})
 
@@ -261,7 +264,7 @@ async def start_ha_masters(
     executable: Path,
     masters: int,
     enable_oplog: bool,
-    extra_args: tuple[str, ...],
+    master_timing: Mapping[str, Any],
     progress: Progress,
 ) -> HaMasters:
     """Start etcd and `masters` masters; return once one of them leads and serves."""
@@ -269,7 +272,9 @@ async def start_ha_masters(
     if etcd_binary is None:
         raise SandboxSetupError(f"--master-ha needs the etcd binary: {ETCD_PACKAGE_HINT}")
     etcd_port, peer_port = free_port(), free_port()
-    resource = sandbox_ha_resource(f"{LOOPBACK}:{etcd_port}", masters=masters, enable_oplog=enable_oplog)
+    resource = sandbox_ha_resource(
+        f"{LOOPBACK}:{etcd_port}", masters=masters, enable_oplog=enable_oplog, master_timing=master_timing
+    )
     topology = render.ha_topology(resource)
     assert topology is not None
     progress.phase(f"starting etcd on {LOOPBACK}:{etcd_port}")
@@ -305,7 +310,7 @@ async def start_ha_masters(
             )
             node.process = ManagedProcess.start(
                 f"mooncake-{node.name}",
-                (*argv, *extra_args),
+                argv,
                 env=env,
                 log_path=run_dir / f"mooncake-{node.name}.log",
                 cwd=run_dir,

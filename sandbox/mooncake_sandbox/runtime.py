@@ -80,15 +80,17 @@ SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
 # heartbeats, got unmounted while alive, and transfers to or from them failed. The sandbox raises it
 # (and says so). The price: a stopped replica's segment stays mounted that long, and the master may
 # still place blocks in it, so a restart waits it out before the sandbox is used again.
-MASTER_CLIENT_TTL_S = 60.0
+MASTER_CLIENT_TTL_S = 60
 # A reader holds a lease on the keys it loads; the master's default (10 s) failed the occasional slow
 # first transfer on this 2-core machine ("lease_expired_before_data_transfer_completed", HTTP 500),
 # so the sandbox gives transfers two minutes. Nothing is evicted from the tiny sandbox store anyway.
 MASTER_KV_LEASE_TTL_S = 120
-MASTER_EXTRA_ARGS = (
-    f"-client_ttl={MASTER_CLIENT_TTL_S:.0f}",
-    f"-default_kv_lease_ttl={MASTER_KV_LEASE_TTL_S}s",
-)
+# Both as spec.store.master fields, so the master's command line comes from engine_args.master_argv
+# alone; examples/minimax-m2.5-eagle3-cpu.yaml sets the same values for the same reason.
+SANDBOX_MASTER_TIMING: dict[str, Any] = {
+    "client_ttl_seconds": MASTER_CLIENT_TTL_S,
+    "kv_lease_ttl_seconds": MASTER_KV_LEASE_TTL_S,
+}
 _DROPPED_ENV = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONHASHSEED", "MOONCAKE_CONFIG_PATH")
 _POLL_S = 0.5
 # Warm-up of the store transfer paths (see Sandbox._warm_store_paths): a stalled first transfer
@@ -166,8 +168,9 @@ def sandbox_spec(
     Revision 2 stands for a rollout of new weights: the spec's model.revision changes (so does the
     KV fingerprint), and the replica loads the tiny target's second revision."""
     spec = customer_deployment().spec
+    master = spec.store.master.model_copy(update=SANDBOX_MASTER_TIMING)
     updates: dict[str, Any] = {
-        "store": spec.store.model_copy(update={"isolate_revisions": store_isolation}),
+        "store": spec.store.model_copy(update={"isolate_revisions": store_isolation, "master": master}),
     }
     if not speculative:
         updates["speculative"] = None
@@ -315,7 +318,11 @@ class Sandbox:
             lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
         else:
             lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free)", *self.ha.describe()]
-        lines += [f"mooncake_master {arg} (sandbox only; default 10 s)" for arg in MASTER_EXTRA_ARGS]
+        lines += [
+            f"mooncake_master -client_ttl: 10 s -> {MASTER_CLIENT_TTL_S} s (store.master.clientTtlSeconds)",
+            f"mooncake_master -default_kv_lease_ttl: 10 s -> {MASTER_KV_LEASE_TTL_S} s "
+            "(store.master.kvLeaseTtlSeconds)",
+        ]
         lines += [f"env {key}={value} (sandbox only)" for key, value in SANDBOX_RUNTIME_ENV.items()]
         for replica in self.replicas:
             build = self.prepared.builds[replica.engine]
@@ -493,7 +500,7 @@ class Sandbox:
                 executable=self.prepared.env.mooncake_master,
                 masters=self.options.ha_masters,
                 enable_oplog=self.options.enable_oplog,
-                extra_args=MASTER_EXTRA_ARGS,
+                master_timing=SANDBOX_MASTER_TIMING,
                 progress=self.progress,
             )
             return
@@ -505,7 +512,6 @@ class Sandbox:
             metrics_port=self.master_metrics_port,
             executable=str(self.prepared.env.mooncake_master),
         )
-        argv = (*argv, *MASTER_EXTRA_ARGS)
         self.progress.phase(f"starting mooncake_master on {self.master_address}")
         self.master = ManagedProcess.start(
             "mooncake-master",

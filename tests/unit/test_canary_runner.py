@@ -204,6 +204,48 @@ async def test_http_500_on_the_warm_request_fails_and_is_not_retried() -> None:
     assert pair.warm.body_excerpt is not None and "EngineCore" in pair.warm.body_excerpt
 
 
+def _warm_server_error(status: int, failed_before: int, failed_after: int) -> PairMeasurement:
+    failed = ChatAnswer(
+        url="http://b:1/v1/chat/completions",
+        status=status,
+        error_kind=ErrorKind.HTTP_STATUS,
+        error=f"POST http://b:1/v1/chat/completions returned HTTP {status}: Internal server error",
+    )
+    return replace(
+        _evidence(),
+        warm=failed,
+        before=StoreCounters(store_failed_keys_by_operation={"load_get": failed_before}),
+        after=StoreCounters(store_failed_keys_by_operation={"load_get": failed_after}),
+    )
+
+
+def test_a_warm_500_over_failed_store_loads_says_the_store_failed_the_load() -> None:
+    config = CanaryConfig(replicas=["http://a:1", "http://b:1"])
+    pair = judge_pair(_warm_server_error(500, failed_before=6, failed_after=7), config)
+    assert pair.verdict is Verdict.FAILED
+    [reason] = pair.reasons
+    assert reason.startswith("warm request: POST http://b:1/v1/chat/completions returned HTTP 500")
+    assert "the reader failed to load 1 store keys during it" in reason
+    assert "docs/troubleshooting.md" in reason
+
+
+@pytest.mark.parametrize(
+    ("status", "failed_before", "failed_after"),
+    [
+        (500, 6, 6),  # older failures: not this request's
+        (404, 0, 3),  # not a server error: the load did not cause it
+        (500, 9, 3),  # counters went backwards (a restart): no evidence either way
+    ],
+)
+def test_a_warm_error_without_fresh_failed_loads_is_left_as_it_is(
+    status: int, failed_before: int, failed_after: int
+) -> None:
+    config = CanaryConfig(replicas=["http://a:1", "http://b:1"])
+    pair = judge_pair(_warm_server_error(status, failed_before, failed_after), config)
+    assert pair.verdict is Verdict.FAILED
+    assert not any("failed to load" in reason for reason in pair.reasons), pair.reasons
+
+
 async def test_a_hanging_replica_times_out_and_fails() -> None:
     with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.HANG]) as cluster:
         result = await canary(cluster, pairs="first", request_timeout_s=0.3)

@@ -213,6 +213,14 @@ def test_master_argv_defaults_and_overrides() -> None:
     assert not any("http_metadata" in arg for arg in argv)
 
 
+def test_master_argv_passes_the_store_timeouts_only_when_set() -> None:
+    base = spec()
+    master = base.store.master.model_copy(update={"client_ttl_seconds": 60, "kv_lease_ttl_seconds": 120})
+    tuned = base.model_copy(update={"store": base.store.model_copy(update={"master": master})})
+    assert master_argv(tuned)[-2:] == ("-client_ttl=60", "-default_kv_lease_ttl=120s")
+    assert not any("ttl" in arg for arg in master_argv(base))  # unset: Mooncake's own defaults
+
+
 # --- the KV-compatibility fingerprint (store isolation) ------------------------------------------------
 
 

@@ -42,7 +42,8 @@ from mooncake_sandbox.models import (
 )
 from mooncake_sandbox.processes import group_members, port_is_free
 from mooncake_sandbox.runtime import (
-    MASTER_EXTRA_ARGS,
+    MASTER_CLIENT_TTL_S,
+    MASTER_KV_LEASE_TTL_S,
     SANDBOX_RUNTIME_ENV,
     SERVER_MODULE,
     replica_env,
@@ -209,7 +210,9 @@ async def test_replicas_run_exactly_what_engine_args_renders(
             assert all(env[key] == value for key, value in SANDBOX_RUNTIME_ENV.items())
         master_log = (sandbox.run_dir / "mooncake-master.log").read_text()
         assert f"-rpc_port={sandbox.master_port}" in master_log
-        assert "-rpc_address=127.0.0.1" in master_log and MASTER_EXTRA_ARGS[0] in master_log
+        assert "-rpc_address=127.0.0.1" in master_log
+        assert f"-client_ttl={MASTER_CLIENT_TTL_S}" in master_log
+        assert f"-default_kv_lease_ttl={MASTER_KV_LEASE_TTL_S}s" in master_log
         groups = [replica.process.pgid for replica in sandbox.replicas if replica.process]
         assert sandbox.master is not None
         groups.append(sandbox.master.pgid)
@@ -227,7 +230,8 @@ async def test_describe_lists_every_substitution(tmp_path: Path, prepared: Prepa
     assert "block-size: 16 -> 32" in text
     assert "tensor-parallel-size: 4 -> 1" in text
     assert "draft model: thoughtworks/MiniMax-M2.5-Eagle3" in text
-    assert "mooncake_master -client_ttl=60 (sandbox only; default 10 s)" in text
+    assert "mooncake_master -client_ttl: 10 s -> 60 s (store.master.clientTtlSeconds)" in text
+    assert "mooncake_master -default_kv_lease_ttl: 10 s -> 120 s (store.master.kvLeaseTtlSeconds)" in text
     assert "VLLM_CPU_KVCACHE_SPACE=1" in text
     assert "replica-A" in text and "engine buggy (patch_connector.py status: buggy)" in text
 

@@ -336,6 +336,8 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     expected = expected_hit_for(config, prompt_tokens)
     delta = evidence.after.delta(evidence.before) if evidence.after and evidence.before else None
     fallen = fallen_counters(evidence.before, evidence.after) if evidence.after and evidence.before else ""
+    if warm is not None and delta is not None and not fallen:
+        failures = [_with_store_load_failure(reason, warm, delta) for reason in failures]
     if warm is not None and warm.ok:
         if evidence.metrics_error is not None:
             if evidence.metrics_error.kind is ErrorKind.CONNECTION:
@@ -661,6 +663,21 @@ def first_difference(first: str, second: str) -> int | None:
 def _context(text: str, position: int) -> str:
     start = max(0, position - _CONTEXT_BEFORE)
     return text[start : position + _CONTEXT_AFTER]
+
+
+def _with_store_load_failure(reason: str, warm: ChatAnswer, delta: StoreCounters) -> str:
+    """A warm server error explained by the reader's failed store loads, when they rose over it: vLLM
+    fails a request whose KV load failed (kv_load_failure_policy "fail", its default) with a bare
+    HTTP 500 and the reader logs only a warning, so this is the one place the cause is said."""
+    failed_keys = delta.store_failed_keys_by_operation.get("load_get") or 0
+    if not reason.startswith("warm request:") or not failed_keys or (warm.status or 0) < 500:
+        return reason
+    return (
+        f"{reason} (the reader failed to load {failed_keys} store keys during it, "
+        'vllm:mooncake_store_operation_failed_keys_total{operation="load_get"}: vLLM answers a request '
+        "whose KV load failed with HTTP 500; the reader's log names the keys and Mooncake's error "
+        "code, docs/troubleshooting.md)"
+    )
 
 
 def _body_suffix(answer: ChatAnswer) -> str:
