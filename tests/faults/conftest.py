@@ -1,11 +1,11 @@
 """The fault tier: faults injected on the node tier's real pods under a steady client load
-(tests/support/fault_load.py). One cluster per session, as the node tier's; the scenarios run in file
-order on one MooncakeServing, each starting from Ready. Needs root; run it with scripts/test-faults."""
+(tests/support/fault_load.py). One cluster per session, the node tier's (`node_cluster`, in
+tests/conftest.py); the scenarios run in file order on one MooncakeServing, each starting from Ready.
+Needs root; run it with scripts/test-faults (scripts/test runs a subset before the node tier)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,15 +24,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def fault_cluster() -> Iterator[kube_node.Images]:
-    with cluster.node_with_operator() as images:
-        yield images
-
-
-@pytest.fixture(scope="session")
-def serving(fault_cluster: kube_node.Images) -> str:
+def serving(node_cluster: kube_node.Images) -> str:
     """The customer's resource (CPU variant, patched engine) Ready: every scenario starts from here."""
-    kubectl(["apply", "-f", "-"], input=json.dumps(cluster.example_resource(fault_cluster.engine_patched)))
+    kubectl(["apply", "-f", "-"], input=json.dumps(cluster.example_resource(node_cluster.engine_patched)))
     verdict = cluster.wait_for_verdict(NAME, FIRST_VERDICT_TIMEOUT)
     assert verdict == "Ready", f"{NAME} ended {verdict} before any fault"
     return NAME

@@ -1,163 +1,48 @@
-"""Faults on the real pods while a steady client load runs through the client Service.
-
-Each scenario starts from the resource Ready, runs `ClientLoad` and `ServedLedger`
-(tests/support/fault_load.py), injects one fault, waits for the end state, and asserts: no user
-request reached a pod instance before a canary covering it passed (measured from the pods' own vLLM
-counters minus the canary's requests), every answer users got was the same correct (greedy) text, and
-requests sent after recovery all succeeded. Each prints one `FAULT-RESULT` JSON line with its
-measurements (bench/RESULTS.md, "Faults on real pods"); `FAULT_RESULTS=FILE` appends them to FILE.
-"""
+"""Faults on the real pods while a steady client load runs through the client Service: scenarios 1-6
+on the customer's resource, in file order, each through `run_scenario` (tests/support/fault_scenarios.py),
+which asserts what every scenario must hold."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from tests.support import cluster, kube_node
 from tests.support.fault_load import (
-    ClientLoad,
-    ServedLedger,
-    counted_since,
-    failure_window,
-    operator_counters,
-    parse_time,
+    container_restarts,
+    operator_process,
+    operator_restarts,
     replica_pods,
     wait_until,
 )
+from tests.support.fault_rollout import (
+    TrafficSampler,
+    errors_outside,
+    unserved_seconds,
+    unserved_windows,
+)
+from tests.support.fault_scenarios import (
+    OPERATOR_PODS,
+    SETTLE_S,
+    ask_for_a_canary,
+    client_endpoints,
+    condition,
+    new_instances,
+    proven_again_after,
+    report,
+    run_scenario,
+    status_of,
+    traffic_labels,
+)
 from tests.support.kube_node import kubectl
 
-from mooncake_operator import api
-from mooncake_operator.render import TRAFFIC_LABEL
-
-BASELINE_S = 12.0  # load before the fault: the reference answer, and a serving baseline
-TAIL_S = 8.0  # load after recovery: every request in it must succeed
-RECOVERY_TIMEOUT = 1200.0  # a canary run alone took up to 10+ min on the shared 2-core machine
-SETTLE_S = 3.0  # kube-proxy's rules follow the Endpoints within this (requests started later must succeed)
-API_REQUESTS = "mooncake_operator_kube_requests_total"
-CANARY_RUNS = "mooncake_operator_canary_runs_total"
-OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
-
-
-def status_of(name: str) -> dict[str, Any]:
-    status: dict[str, Any] = cluster.get_serving(name).get("status") or {}
-    return status
-
-
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
-
-
-def proven_again_after(name: str, moment: float) -> Callable[[], bool]:
-    """Ready, with a canary that started after `moment` (wall clock) and passed with an external hit,
-    and every desired replica serving."""
-
-    def probe() -> bool:
-        status = status_of(name)
-        canary = status.get("canary") or {}
-        started = parse_time(canary.get("startedAt"))
-        return (
-            condition(status, "Ready").get("status") == "True"
-            and canary.get("verdict") == "Passed"
-            and started is not None
-            and started.timestamp() >= int(moment)
-            and (canary.get("externalHitTokens") or 0) > 0
-            and (status.get("traffic") or {}).get("serving") == (status.get("replicas") or {}).get("desired")
-        )
-
-    return probe
-
-
-def client_url(name: str) -> str:
-    service = json.loads(kubectl(["get", "service", name, "--namespace=default", "-o", "json"]))
-    return f"http://{service['spec']['clusterIP']}:8000/v1/chat/completions"
-
-
-def served_model() -> str:
-    model: str = cluster.example_resource("-")["spec"]["model"]["name"]
-    return model
-
-
-def run_scenario(
-    scenario: str,
-    name: str,
-    inject: Callable[[], None],
-    recovered: Callable[[float], Callable[[], bool]],
-    *,
-    on_poll: Callable[[], None] | None = None,
-) -> dict[str, Any]:
-    """Load, fault, wait for `recovered(fault_wall_time)`, more load; returns the measurements after
-    asserting what every scenario must hold."""
-    assert condition(status_of(name), "Ready").get("status") == "True", f"{name} not Ready before {scenario}"
-    api_before = operator_counters(API_REQUESTS)
-    canaries_before = operator_counters(CANARY_RUNS)
-    with ServedLedger(name) as ledger, ClientLoad(client_url(name), served_model()) as load:
-        time.sleep(BASELINE_S)
-        baseline = [r for r in load.snapshot() if r.status == 200]
-        assert baseline, f"no request succeeded before the fault: {load.snapshot()}"
-        fault_wall, fault_at = time.time(), time.monotonic()
-        inject()
-        probe = recovered(fault_wall)
-
-        def polled() -> bool:
-            if on_poll is not None:
-                on_poll()
-            return probe()
-
-        wait_until(f"{name} proven again after {scenario}", polled, RECOVERY_TIMEOUT)
-        ready_at = time.monotonic()
-        api_during = operator_counters(API_REQUESTS)
-        canaries_during = operator_counters(CANARY_RUNS)
-        time.sleep(TAIL_S)
-    responses = load.snapshot()
-    reference = {r.body_hash for r in baseline}
-    assert len(reference) == 1, f"greedy answers differed before the fault: {reference}"
-    wrong = [r for r in responses if r.status == 200 and r.body_hash not in reference]
-    failed, failed_for = failure_window(responses)
-    late_failures = [r for r in responses if r.started > ready_at + SETTLE_S and r.status != 200]
-    unproven = ledger.unproven_user_requests(born_after=fault_wall - 1)
-    result = {
-        "scenario": scenario,
-        "ready_again_s": round(ready_at - fault_at, 1),
-        "requests": len(responses),
-        "failed": failed,
-        "failed_window_s": round(failed_for, 1),
-        "failed_statuses": sorted({str(r.status) for r in responses if r.status != 200}),
-        "wrong_answers": len(wrong),
-        "unproven_user_requests": unproven,
-        "canaries_run": counted_since(canaries_before, canaries_during),
-        "operator_api_requests": counted_since(api_before, api_during),
-        "p50_latency_s": median([r.latency_s for r in responses if r.status == 200]),
-        "ledger_errors": len(ledger.errors),
-    }
-    report(result)
-    assert not wrong, f"{len(wrong)} answers differ from the reference answer: {wrong[:3]}"
-    assert not any(unproven.values()), f"user requests reached an unproven pod: {unproven}"
-    assert not late_failures, f"requests failed after recovery: {late_failures[:5]}"
-    return result
-
-
-def median(values: list[float]) -> float | None:
-    return round(sorted(values)[len(values) // 2], 3) if values else None
-
-
-def report(result: dict[str, Any]) -> None:
-    line = json.dumps(result, sort_keys=True)
-    print(f"FAULT-RESULT {line}", flush=True)
-    target = os.environ.get("FAULT_RESULTS")
-    if target:
-        with open(target, "a", encoding="utf-8") as out:
-            out.write(line + "\n")
-
-
-def new_instances(result: dict[str, Any]) -> list[str]:
-    return list(result["unproven_user_requests"])
-
+from mooncake_operator.reconcile.worker import WORKERS_STOPPED
 
 # --- 1. a replica pod deleted ---------------------------------------------------------------------
 
@@ -180,7 +65,7 @@ def test_deleted_replica_pod_serves_no_user_until_proven(serving: str) -> None:
 def test_killed_engine_restarts_in_place_and_serves_no_user_until_proven(serving: str) -> None:
     pod = replica_pods(serving)[-1]
     name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
-    restarts_before = sum(int(s.get("restartCount") or 0) for s in pod["status"]["containerStatuses"])
+    restarts_before = container_restarts(pod)
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
 
     def inject() -> None:
@@ -189,9 +74,7 @@ def test_killed_engine_restarts_in_place_and_serves_no_user_until_proven(serving
     result = run_scenario("engine process killed", serving, inject, lambda t: proven_again_after(serving, t))
     (after,) = [p for p in replica_pods(serving) if p["metadata"]["name"] == name]
     assert after["metadata"]["uid"] == uid, "the pod was replaced, not restarted in place"
-    assert (
-        sum(int(s.get("restartCount") or 0) for s in after["status"]["containerStatuses"]) > restarts_before
-    )
+    assert container_restarts(after) > restarts_before
     restarted = [i for i in new_instances(result) if i.startswith(f"{name} {uid[:8]} ")]
     assert restarted, f"the ledger never saw {name}'s restarted engine: {result}"
 
@@ -199,17 +82,50 @@ def test_killed_engine_restarts_in_place_and_serves_no_user_until_proven(serving
 # --- 4. the operator pod killed during a canary --------------------------------------------------
 
 
-def lease_holder() -> str | None:
+def lease_spec() -> dict[str, Any]:
     lease = json.loads(
         kubectl(
             ["get", "lease", "mooncake-operator", f"--namespace={cluster.OPERATOR_NAMESPACE}", "-o", "json"]
         )
     )
-    holder: str | None = lease["spec"].get("holderIdentity")
-    return holder
+    spec: dict[str, Any] = lease["spec"]
+    return spec
 
 
-def operator_pod_names() -> list[str]:
+def rfc3339(value: str) -> datetime:
+    """A Kubernetes MicroTime or a container log's RFC 3339 nanosecond stamp, to the microsecond."""
+    whole, _, fraction = value.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{whole}.{(fraction + '000000')[:6]}+00:00")
+
+
+def follow_operator_log(pod: str, into: Path) -> subprocess.Popen[bytes]:
+    """`kubectl logs -f --timestamps` of an operator pod, to its very last line (it ends when the
+    container does), whatever happens to the pod object meanwhile."""
+    return subprocess.Popen(
+        [
+            str(kube_node.kube_binaries()["kubectl"]),
+            f"--kubeconfig={kube_node.admin_kubeconfig()}",
+            "logs",
+            "--follow",
+            "--timestamps",
+            f"--namespace={cluster.OPERATOR_NAMESPACE}",
+            pod,
+        ],
+        stdout=into.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def workers_stopped_at(log: str) -> datetime | None:
+    """When the operator logged that nothing reconciles any more (Workers.close), by the log's stamp."""
+    for line in log.splitlines():
+        stamp, _, message = line.partition(" ")
+        if WORKERS_STOPPED in message:
+            return rfc3339(stamp)
+    return None
+
+
+def operator_pods() -> list[dict[str, Any]]:
     listing = json.loads(
         kubectl(
             [
@@ -222,7 +138,12 @@ def operator_pod_names() -> list[str]:
             ]
         )
     )
-    return [p["metadata"]["name"] for p in listing["items"]]
+    pods: list[dict[str, Any]] = listing["items"]
+    return pods
+
+
+def operator_pod_names() -> list[str]:
+    return [p["metadata"]["name"] for p in operator_pods()]
 
 
 def kept_records(name: str) -> dict[str, Any]:
@@ -237,25 +158,13 @@ def kept_records(name: str) -> dict[str, Any]:
     }
 
 
-def ask_for_a_canary(serving: str, rerun: str) -> None:
-    """The rerun annotation, as a user sets it (docs/operator.md)."""
-    kubectl(
-        [
-            "annotate",
-            "mcs",
-            serving,
-            "--namespace=default",
-            f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
-            "--overwrite",
-        ]
-    )
-
-
-def test_operator_killed_during_a_canary_loses_nothing(serving: str) -> None:
+def test_operator_killed_during_a_canary_loses_nothing(serving: str, tmp_path: Path) -> None:
     (old_pod,) = operator_pod_names()
     kept = kept_records(serving)
     rerun = str(int(time.time()))
     samples: list[dict[str, Any]] = []
+    old_log = tmp_path / "old-operator.log"
+    follower = follow_operator_log(old_pod, old_log)
 
     def inject() -> None:
         ask_for_a_canary(serving, rerun)
@@ -269,9 +178,11 @@ def test_operator_killed_during_a_canary_loses_nothing(serving: str) -> None:
 
     def sample() -> None:
         status = status_of(serving)
+        lease = lease_spec()
         samples.append(
             {
-                "holder": lease_holder(),
+                "holder": lease.get("holderIdentity"),
+                "acquired": lease.get("acquireTime"),
                 "pods": operator_pod_names(),
                 "serving": (status.get("traffic") or {}).get("serving"),
             }
@@ -286,12 +197,35 @@ def test_operator_killed_during_a_canary_loses_nothing(serving: str) -> None:
 
         return probe
 
-    result = run_scenario("operator pod killed during a canary", serving, inject, recovered, on_poll=sample)
-    holders = [s["holder"] for s in samples if s["holder"] not in (None, old_pod)]
-    assert holders, f"no new operator took the Lease: {samples}"
-    first_new = next(s for s in samples if s["holder"] not in (None, old_pod))
-    # The old process was gone when the new one held the Lease: two canaries never overlapped.
-    assert old_pod not in first_new["pods"], samples
+    try:
+        result = run_scenario(
+            "operator pod killed during a canary", serving, inject, recovered, on_poll=sample
+        )
+        follower.wait(timeout=60)  # the old container ended long ago: its log is complete
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    new_holders = [s for s in samples if s["holder"] not in (None, old_pod)]
+    assert new_holders, f"no new operator took the Lease: {samples}"
+    # Two canaries never overlapped: the old process had stopped every worker (and so its canary)
+    # before the new one acquired the Lease. Stamps of one machine's clock: the log's from containerd,
+    # acquireTime from the new process. The process itself may live a moment longer (it releases the
+    # Lease, then exits), so whether its container still runs is no evidence either way.
+    log = old_log.read_text(errors="replace")
+    stopped_at = workers_stopped_at(log)
+    assert stopped_at is not None, f"the deleted operator never logged its clean stop:\n{log[-3000:]}"
+    acquired_at = rfc3339(new_holders[0]["acquired"])
+    report(
+        {
+            "scenario": "operator pod killed during a canary (handover)",
+            "new_holder": new_holders[0]["holder"],
+            "old_workers_stopped_at": stopped_at.isoformat(),
+            "new_lease_acquired_at": acquired_at.isoformat(),
+            "handover_gap_s": round((acquired_at - stopped_at).total_seconds(), 3),
+        }
+    )
+    assert stopped_at <= acquired_at, (stopped_at, acquired_at, samples)
     # The data path is untouched: no request may fail. Ticks the load skipped because 8 requests were
     # already in flight ("overloaded": the replicas saturated by the load plus the canary on a small
     # machine) are reported in the measurements, not failures of the fault.
@@ -321,26 +255,23 @@ def test_deleted_master_pod_ends_ready_with_a_proven_hit(serving: str) -> None:
 
 # --- 5 and 6: the control plane's processes restarted; the data path does not need them -----------
 
-RELIST_WINDOW_S = 30.0  # the operator's LISTs counted in this long a window before the fault and after
+# A relist storm lists the same resources again and again. Between the API server's restart and the end
+# of the scenario each of the operator's watches may list at most this often: once when it resumes (or
+# when the operator process starts again: a restart longer than the Lease's renew deadline stops it), and
+# once more for a watch the server expired meanwhile.
+LISTS_PER_RESOURCE = 2
 
 
-def client_endpoints(name: str) -> list[str]:
-    """The ready addresses of the client Service's Endpoints: who gets user traffic."""
-    endpoints = json.loads(kubectl(["get", "endpoints", name, "--namespace=default", "-o", "json"]))
-    return sorted(a["ip"] for subset in endpoints.get("subsets") or [] for a in subset.get("addresses") or [])
-
-
-def traffic_labels(name: str) -> dict[str, str | None]:
-    return {p["metadata"]["name"]: p["metadata"]["labels"].get(TRAFFIC_LABEL) for p in replica_pods(name)}
-
-
-def operator_lists(since: datetime, seconds: float) -> Counter[str]:
-    """The operator's LIST requests (its watches' lists included) per resource in [since, since+seconds),
-    from the API server's audit log."""
+def operator_lists(since: datetime, until: datetime) -> Counter[str]:
+    """The operator's LIST requests (its watches' lists included) per resource in [since, until), from
+    the API server's audit log."""
     user = f"system:serviceaccount:{cluster.OPERATOR_NAMESPACE}:"
-    return kube_node.audited_lists(user, since) - kube_node.audited_lists(
-        user, since + timedelta(seconds=seconds)
-    )
+    return kube_node.audited_lists(user, since) - kube_node.audited_lists(user, until)
+
+
+def operator_processes() -> list[str]:
+    """Every operator pod with its restart count (`operator_process`)."""
+    return sorted(operator_process(pod) for pod in operator_pods())
 
 
 # --- 6. the kubelet restarted ---------------------------------------------------------------------
@@ -349,20 +280,28 @@ KUBELET_WATCH_S = 45.0  # watched this long after the kubelet is back: a pod lea
 
 
 def test_kubelet_restart_reproves_nothing_and_nothing_leaves_traffic(serving: str) -> None:
+    """The operator changes nothing: no canary, no traffic label moves. Kubernetes itself, though, counts
+    a restarted kubelet's containers unready until their first readiness probe (kubernetes/kubernetes
+    #100277): on this single node the client Service is briefly empty and new connections are refused.
+    Refused connections are the only failure allowed, and only while the sampled Service had no ready
+    address (plus kube-proxy's settling); afterwards it routes to the same pods as before."""
     run_before = (status_of(serving).get("canary") or {}).get("runId")
     served = (traffic_labels(serving), client_endpoints(serving))
+    operator_before = operator_restarts()
     restarted: dict[str, float] = {}
     samples: list[dict[str, Any]] = []
 
     def inject() -> None:
+        restarted["down_at"] = time.monotonic()
         restarted["restart_s"] = kube_node.restart_kubelet()
         restarted["back_at"] = time.monotonic()
 
     def sample() -> None:
         samples.append(
             {
+                "ready": condition(status_of(serving), "Ready").get("status") == "True",
+                "reason": condition(status_of(serving), "Ready").get("reason"),
                 "labels": traffic_labels(serving),
-                "endpoints": client_endpoints(serving),
                 "runId": (status_of(serving).get("canary") or {}).get("runId"),
             }
         )
@@ -374,14 +313,45 @@ def test_kubelet_restart_reproves_nothing_and_nothing_leaves_traffic(serving: st
 
         return probe
 
-    result = run_scenario("kubelet restarted", serving, inject, recovered, on_poll=sample)
-    report({"scenario": "kubelet restarted (restart)", "kubelet_restart_s": round(restarted["restart_s"], 1)})
-    errors = set(result["failed_statuses"]) - {"overloaded"}
-    assert not errors, f"users saw failures while only the kubelet restarted: {result}"
+    with TrafficSampler(serving) as traffic:
+        result = run_scenario("kubelet restarted", serving, inject, recovered, on_poll=sample)
+    windows = unserved_windows(traffic.samples, SETTLE_S)
+    refused = [r for r in result["responses"] if r.status == "ConnectError"]
+    report(
+        {
+            "scenario": "kubelet restarted (restart)",
+            "kubelet_restart_s": round(restarted["restart_s"], 1),
+            "nobody_served_s": round(unserved_seconds(traffic.samples), 1),
+            "traffic_samples": len(traffic.samples),
+            "traffic_sample_errors": traffic.errors[:3],
+            "refused": len(refused),
+            "refused_sent_s": [round(r.started - restarted["down_at"], 1) for r in refused],
+            "not_ready_samples": f"{sum(not s['ready'] for s in samples)} of {len(samples)}",
+            "not_ready_reasons": sorted({str(s["reason"]) for s in samples if not s["ready"]}),
+            # Not asserted: an operator that misses its Lease renewals on a stalled machine exits and
+            # is restarted by design; recorded to tell that apart from what the kubelet did.
+            "operator_restarts": {
+                pod: n - operator_before.get(pod, 0) for pod, n in operator_restarts().items()
+            },
+        }
+    )
+    errors = [r for r in result["responses"] if r.status not in (200, "overloaded", "ConnectError")]
+    assert not errors, f"users saw failures other than refused connections: {errors}"
+    outside = errors_outside(result["responses"], windows)
+    assert not outside, f"connections refused while the client Service had a ready pod: {outside}; {windows}"
     assert (status_of(serving).get("canary") or {}).get("runId") == run_before, "a canary ran again"
     assert result["canaries_run"] == 0, result
-    changed = [s for s in samples if (s["labels"], s["endpoints"]) != served or s["runId"] != run_before]
-    assert not changed, f"traffic or the proof changed: before {served}, {run_before}; {changed[:3]}"
+    labels_changed = [s for s in samples if s["labels"] != served[0] or s["runId"] != run_before]
+    assert not labels_changed, (
+        f"the operator moved traffic or the proof: {served[0]}, {run_before}; {labels_changed[:3]}"
+    )
+    strangers = [s for s in traffic.samples if not s.endpoints <= set(served[1])]
+    assert not strangers, f"the client Service routed to other pods than {served[1]}: {strangers[:3]}"
+    last = traffic.samples[-1]
+    assert last.at >= restarted["back_at"] + KUBELET_WATCH_S, (
+        f"no traffic sample at the end: {traffic.errors}"
+    )
+    assert sorted(last.endpoints) == served[1], f"the client Service not back to {served[1]}: {last}"
 
 
 # --- 5. kube-apiserver restarted ------------------------------------------------------------------
@@ -420,22 +390,24 @@ def test_apiserver_restart_misses_no_change_and_storms_no_relist(serving: str) -
 
         return probe
 
-    window = RELIST_WINDOW_S
+    processes_before = operator_processes()
     result = run_scenario("kube-apiserver restarted", serving, inject, recovered, on_poll=sample)
-    elapsed = (datetime.now(UTC) - restarted["back_at"]).total_seconds()
-    if elapsed < window:
-        time.sleep(window - elapsed)
+    ended_at = datetime.now(UTC)
     acted_at = next((s["at"] for s in samples if s["acted"]), None)
-    baseline = operator_lists(restarted["down_at"] - timedelta(seconds=window), window)
-    after = operator_lists(restarted["back_at"], window)
+    duration = ended_at - restarted["down_at"]
+    before = operator_lists(restarted["down_at"] - duration, restarted["down_at"])
+    after = operator_lists(restarted["down_at"], ended_at)
+    processes_after = operator_processes()
     report(
         {
             "scenario": "kube-apiserver restarted (relists)",
             "apiserver_restart_s": round(restarted["restart_s"], 1),
             "rerun_acted_on_s": None if acted_at is None else round(acted_at - restarted["back_mono"], 1),
-            "operator_lists_before": dict(baseline),
+            "operator_lists_before": dict(before),
             "operator_lists_after": dict(after),
-            "window_s": window,
+            "window_s": round(duration.total_seconds(), 1),
+            "operator_processes_before": processes_before,
+            "operator_processes_after": processes_after,
         }
     )
     # The data path does not need the API server: no user request may fail (ticks skipped because 8
@@ -444,6 +416,9 @@ def test_apiserver_restart_misses_no_change_and_storms_no_relist(serving: str) -
     assert not errors, f"users saw failures while only the API server restarted: {result}"
     assert all(s["serving"] == 2 for s in samples if s["serving"] is not None), samples
     assert (traffic_labels(serving), client_endpoints(serving)) == served, "a pod left traffic"
-    # A relist storm lists the same resources again and again: each watch may list once more.
-    storm = {r: n for r, n in after.items() if n > baseline.get(r, 0) + 2}
-    assert not storm, f"the operator relisted after the restart: {dict(after)} vs before {dict(baseline)}"
+    storm = {r: n for r, n in after.items() if n > LISTS_PER_RESOURCE}
+    assert not storm, f"the operator relisted after the restart: {dict(after)} (before: {dict(before)})"
+    if processes_after != processes_before:
+        # The operator process restarted (it could not renew its Lease): it listed every watched resource
+        # again when it started, which the audit log must show, or the count above measured nothing.
+        assert after, "the operator restarted, yet no LIST of it is in the audit log"

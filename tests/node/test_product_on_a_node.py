@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 from tests.support import cluster, kube_node
-from tests.support.fault_load import success_count
+from tests.support.fault_load import container_restarts, success_count
 from tests.support.kube_node import kubectl
 
 from mooncake_operator import render
@@ -25,6 +25,7 @@ from mooncake_operator.canary import customer_request
 NAME = "minimax-m25"
 OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
 VERDICT_TIMEOUT = 1200.0
+OPERATOR_READY_TIMEOUT = 180.0  # a restarted operator waits out its old Lease (15 s) and backs off
 
 
 def get_json(*args: str) -> Any:
@@ -50,15 +51,22 @@ def wait_until(what: str, probe: Any, timeout: float) -> Any:
 
 
 def test_operator_runs_from_the_chart_under_its_own_service_account(node_cluster: kube_node.Images) -> None:
-    (pod,) = pods(
-        cluster.OPERATOR_NAMESPACE,
-        OPERATOR_PODS,
-    )
+    """The chart's operator pod runs our image under its own service account and is ready. Ready is
+    waited for, not sampled: the fault scenarios before this file restart the kubelet on a loaded 2-core
+    machine, and an operator that lost its Lease meanwhile exits and is restarted by design
+    (docs/operator.md, "One operator at a time"); its restarts are printed."""
+
+    def ready_pod() -> dict[str, Any] | None:
+        (pod,) = pods(cluster.OPERATOR_NAMESPACE, OPERATOR_PODS)
+        return pod if all(status["ready"] for status in pod["status"]["containerStatuses"]) else None
+
+    pod = wait_until("the operator pod ready", ready_pod, OPERATOR_READY_TIMEOUT)
     assert pod["status"]["phase"] == "Running"
     assert pod["spec"]["serviceAccountName"] == cluster.RELEASE
     assert pod["spec"]["containers"][0]["image"] == node_cluster.operator
     assert pod["spec"]["containers"][0]["imagePullPolicy"] == "Never"
-    assert all(status["ready"] for status in pod["status"]["containerStatuses"])
+    if container_restarts(pod):
+        print(f"the operator pod restarted before this file:\n{cluster.operator_pod_report()}")
 
 
 def test_patched_engine_becomes_ready_with_an_external_hit(node_cluster: kube_node.Images) -> None:
@@ -117,18 +125,53 @@ def test_operator_log_has_no_forbidden_calls(node_cluster: kube_node.Images) -> 
         cluster.OPERATOR_NAMESPACE,
         OPERATOR_PODS,
     )
-    log = kubectl(["logs", f"--namespace={cluster.OPERATOR_NAMESPACE}", pod["metadata"]["name"]])
+    name = pod["metadata"]["name"]
+    log = kubectl(["logs", f"--namespace={cluster.OPERATOR_NAMESPACE}", name])
+    if container_restarts(pod):
+        # A restarted container's previous run is checked too: a 403 there counts as much.
+        log = kubectl(["logs", f"--namespace={cluster.OPERATOR_NAMESPACE}", name, "--previous"]) + log
     denied = [line for line in log.splitlines() if re.search(r"\b403\b|Forbidden|forbidden", line)]
     assert not denied, "\n".join(denied[:20])
-    assert log.strip(), "the operator logged nothing"
+    assert log.strip(), f"the operator logged nothing\n{cluster.operator_pod_report()}"
+
+
+def canary_summary(logs: str) -> str:
+    """The verdict of the canary JSON report in `logs` and each pair's, with their reasons: what a
+    failure must end with (a long log is cut in the middle where CI shows it)."""
+    start = logs.find('{\n  "run_id"')
+    if start < 0:
+        return "no canary JSON report in the logs"
+    report, _ = json.JSONDecoder().raw_decode(logs[start:])
+    lines = [f"canary {report['verdict']}: {report['reason']}"]
+    for pair in report["pairs"]:
+        lines.append(
+            f"  pair {pair['index']} {pair['request_name']} {pair['writer']} -> {pair['reader']}: "
+            f"{pair['verdict']} {pair['reasons']} notes {pair['notes']}"
+        )
+    return "\n".join(lines)
+
+
+def store_warnings() -> str:
+    try:
+        return cluster.replica_store_warnings(NAME)
+    except cluster.ClusterError as error:
+        return f"replicas' store warnings unreadable: {error}"
 
 
 def test_helm_test_runs_the_canary_pod_and_it_passes(node_cluster: kube_node.Images) -> None:
-    output = cluster.helm(
-        ["test", cluster.RELEASE, f"--namespace={cluster.OPERATOR_NAMESPACE}", "--timeout=10m", "--logs"]
+    argv = ["test", cluster.RELEASE, f"--namespace={cluster.OPERATOR_NAMESPACE}", "--timeout=10m", "--logs"]
+    result = cluster.helm_run(argv)
+    summary = canary_summary(result.stdout)
+    operator_canary = (cluster.get_serving(NAME).get("status") or {}).get("canary") or {}
+    explained = (
+        f"{result.stdout}\nhelm test exited {result.returncode}: {result.stderr.strip()}\n"
+        f"the operator's last canary: {operator_canary.get('runId')} started "
+        f"{operator_canary.get('startedAt')} {operator_canary.get('verdict')}\n"
+        f"{store_warnings()}\n{summary}"
     )
-    assert re.search(r"Phase:\s+Succeeded", output), output
-    assert '"verdict": "Passed"' in output or '"verdict":"Passed"' in output, output
+    assert result.returncode == 0, explained
+    assert re.search(r"Phase:\s+Succeeded", result.stdout), explained
+    assert summary.startswith("canary Passed"), explained
 
 
 def test_kubectl_scale_adds_a_replica_that_serves_once_a_canary_covered_it(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,15 +24,17 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
 from tests.support import kube_node
 from tests.support.kube_node import ROOT, ClusterError, kubectl
 
+from mooncake_operator import api, render
+from mooncake_operator.api import MooncakeServing
 from mooncake_sandbox.engine_env import cache_root
-from mooncake_sandbox.models import models_dir
+from mooncake_sandbox.models import TARGET_REVISIONS, TinyModels, models_dir
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "minimax-m2.5-eagle3-cpu.yaml"
@@ -52,6 +55,83 @@ def example_resource(engine_image: str) -> dict[str, Any]:
     resource: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     resource["spec"]["engine"]["image"] = engine_image
     return resource
+
+
+def ha_example_resource(engine_image: str, etcd_image: str) -> dict[str, Any]:
+    """The CPU example under its own name (`NAME-ha`) with highly available masters: 3 masters electing
+    their leader through the managed etcd (its default single member, `managed: {}` as a user writes it),
+    whose image is the one built here (scripts/build-images: Debian's etcd-server), never pulled.
+
+    etcd asks for CPU, as etcd needs on any cluster: without a request it is BestEffort and, on the 2-core
+    node under the load and a canary (load average ~14), its requests took over a second, the leader's
+    lease keep-alive failed and leadership moved three more times in ten minutes, each failover starting
+    the canary again (bench/RESULTS.md, "Faults on real pods")."""
+    resource = example_resource(engine_image)
+    resource["metadata"]["name"] += "-ha"
+    etcd = {"image": etcd_image, "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}}}
+    resource["spec"]["store"]["master"]["highAvailability"] = {
+        "enabled": True,
+        "replicas": 3,
+        "etcd": {"managed": etcd},
+    }
+    return resource
+
+
+def etcd_claims(resource: dict[str, Any]) -> tuple[list[str], str]:
+    """The PersistentVolumeClaims the managed etcd's StatefulSet will ask for (CLAIM-STATEFULSET-ORDINAL,
+    read from the operator's own rendering), and their requested size."""
+    serving = MooncakeServing.model_validate(resource)
+    stateful_set = render.etcd_stateful_set(serving, owner_uid=None)
+    spec = stateful_set["spec"]
+    claims = [
+        f"{template['metadata']['name']}-{stateful_set['metadata']['name']}-{ordinal}"
+        for template in spec["volumeClaimTemplates"]
+        for ordinal in range(spec["replicas"])
+    ]
+    sizes = {
+        template["spec"]["resources"]["requests"]["storage"] for template in spec["volumeClaimTemplates"]
+    }
+    (size,) = sizes
+    return claims, str(size)
+
+
+def claim_volumes(claims: Sequence[str], size: str, directory: Path) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume per claim, bound to it in advance. The node has no volume provisioner
+    (and no StorageClass): a claim without a class binds only to a volume made for it, as an
+    administrator of a cluster without dynamic provisioning would make one. Each volume is a directory
+    under `directory` (created by the kubelet), kept until the volume is deleted."""
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": claim},
+            "spec": {
+                "capacity": {"storage": size},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "claimRef": {"namespace": "default", "name": claim},
+                "hostPath": {"path": str(directory / claim), "type": "DirectoryOrCreate"},
+            },
+        }
+        for claim in claims
+    ]
+
+
+def client_model_name() -> str:
+    """The model name the customer's clients send: the CPU example's alias, which every revision of the
+    tiny target serves (its path, `model.name`, changes with the revision)."""
+    aliases: list[str] = example_resource("-")["spec"]["model"]["servedModelNameAliases"]
+    return aliases[0]
+
+
+def target_path(revision: int) -> str:
+    """`model.name` of the tiny target at `revision` (1 or 2) as the pods see the models volume: the
+    example's revision-1 path, with the sandbox's layout of the revisions (TinyModels.target_for)."""
+    revision_one = PurePosixPath(example_resource("-")["spec"]["model"]["name"])
+    models_root = revision_one.parent
+    relative = TinyModels(Path()).target_for(revision)
+    return str(models_root / relative.as_posix())
 
 
 def models_volume(source: Path) -> list[dict[str, Any]]:
@@ -85,10 +165,23 @@ def models_volume(source: Path) -> list[dict[str, Any]]:
     ]
 
 
+def missing_revisions(source: Path) -> list[int]:
+    """The tiny target's revisions whose weights are not in the model set at `source`."""
+    models = TinyModels(source)
+    return [r for r in TARGET_REVISIONS if not (models.target_for(r) / "model.safetensors").exists()]
+
+
 def install_models() -> None:
     source = models_dir(cache_root())
     if not (source / "manifest.json").exists():
         raise ClusterError(f"tiny models missing in {source}: run `mooncake-operator sandbox prepare`")
+    # Every revision of the target goes on the volume: the fault tier rolls the resource from one to the
+    # other (target_path).
+    missing = missing_revisions(source)
+    if missing:
+        raise ClusterError(
+            f"tiny target revisions {missing} missing in {source}: run `mooncake-operator sandbox prepare`"
+        )
     # A copy per cluster: the pods may write next to the weights, the cache stays pristine.
     volume = ROOT / "models"
     shutil.copytree(source, volume / MODELS_SUBDIR)
@@ -100,9 +193,14 @@ def install_models() -> None:
     kubectl(["apply", "-f", "-"], input=json.dumps(manifests))
 
 
-def helm(args: Sequence[str]) -> str:
+def helm_run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """helm against the cluster, whatever its exit code."""
     argv = [str(kube_node.helm_binary()), f"--kubeconfig={kube_node.admin_kubeconfig()}", *args]
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    return subprocess.run(argv, capture_output=True, text=True, check=False)
+
+
+def helm(args: Sequence[str]) -> str:
+    result = helm_run(args)
     if result.returncode != 0:
         raise ClusterError(f"helm {' '.join(args)} failed: {result.stderr.strip()}\n{result.stdout[-2000:]}")
     return result.stdout
@@ -135,6 +233,14 @@ def install_operator(operator_image: str) -> None:
             *helm_values(operator_image),
         ]
     )
+    # `helm --wait` waits for the Deployment, not for the CRD it templates; and the API server's discovery
+    # lists a CRD a moment after it is Established: until then `kubectl get mcs` finds no such type.
+    kubectl(["wait", "--for=condition=Established", "--timeout=60s", f"crd/{api.PLURAL}.{api.GROUP}"])
+    kube_node.wait_for(
+        f"discovery to list {api.PLURAL}.{api.GROUP}",
+        lambda: "mcs" in kubectl(["api-resources", f"--api-group={api.GROUP}", "--no-headers"]).split(),
+        60,
+    )
 
 
 def get_serving(name: str, namespace: str = "default") -> dict[str, Any]:
@@ -154,6 +260,54 @@ def check_operator_running() -> None:
                 name = pod["metadata"]["name"]
                 log = kubectl(["logs", f"--namespace={OPERATOR_NAMESPACE}", name, "--previous", "--tail=20"])
                 raise ClusterError(f"the operator pod {name} is crash-looping; its last log lines:\n{log}")
+
+
+def latest_events(namespace: str, count: int) -> str:
+    """The namespace's latest `count` events, oldest first, a line each."""
+    listing = json.loads(kubectl(["get", "events", "-n", namespace, "-o", "json"]))
+    items = sorted(listing["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return "\n".join(
+        f"{e.get('lastTimestamp')} {e.get('type')} {e.get('reason')} "
+        f"{e['involvedObject'].get('name')}: {e.get('message')} (x{e.get('count')})"
+        for e in items[-count:]
+    )
+
+
+def operator_pod_report() -> str:
+    """What the operator pods went through, for a failure message: each container's readiness, restarts,
+    state and last state (an OOM kill or a liveness kill shows there), the last log lines of a restarted
+    container's previous run, the namespace's events, and the kubelet's own lines about the pod (best
+    effort: the cluster goes with the session)."""
+    listing = json.loads(kubectl(["get", "pods", f"--namespace={OPERATOR_NAMESPACE}", "-o", "json"]))
+    lines = []
+    for pod in listing["items"]:
+        name = pod["metadata"]["name"]
+        lines.append(f"pod {name}: phase {pod['status'].get('phase')}")
+        for container in pod["status"].get("containerStatuses") or []:
+            state, last = json.dumps(container.get("state")), json.dumps(container.get("lastState"))
+            lines.append(
+                f"  {container['name']}: ready {container.get('ready')}, "
+                f"restarts {container.get('restartCount')}, state {state}, last state {last}"
+            )
+            if container.get("restartCount"):
+                try:
+                    previous = kubectl(
+                        ["logs", f"--namespace={OPERATOR_NAMESPACE}", name, "--previous", "--tail=20"]
+                    )
+                except ClusterError as error:
+                    previous = f"unreadable: {error}"
+                lines.append(f"  its previous run's last log lines:\n{previous}")
+        try:
+            kubelet_lines = [
+                line
+                for line in kube_node.log_path("kubelet").read_text(errors="replace").splitlines()
+                if name in line
+            ]
+        except OSError as error:
+            kubelet_lines = [f"unreadable: {error}"]
+        lines.append("  the kubelet's last lines about it:\n" + "\n".join(kubelet_lines[-15:]))
+    lines.append(f"events:\n{latest_events(OPERATOR_NAMESPACE, 20)}")
+    return "\n".join(lines)
 
 
 def print_canary_failure(name: str, status: dict[str, Any], namespace: str = "default") -> None:
@@ -221,15 +375,6 @@ def describe(name: str, namespace: str = "default") -> str:
                 )
         return "\n".join(lines)
 
-    def events() -> str:
-        listing = json.loads(kubectl(["get", "events", "-n", namespace, "-o", "json"]))
-        items = sorted(listing["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        return "\n".join(
-            f"{e.get('lastTimestamp')} {e.get('type')} {e.get('reason')} "
-            f"{e['involvedObject'].get('name')}: {e.get('message')} (x{e.get('count')})"
-            for e in items[-40:]
-        )
-
     def operator_log() -> str:
         return kubectl(
             [
@@ -242,9 +387,54 @@ def describe(name: str, namespace: str = "default") -> str:
 
     part(f"{namespace}/{name}", serving)
     part(f"pods in {namespace}", pods)
-    part(f"events in {namespace}", events)
+    part(f"events in {namespace}", lambda: latest_events(namespace, 40))
     part("operator log", operator_log)
+    part("operator pods", operator_pod_report)
+    part("store warnings in the replicas' logs", lambda: replica_store_warnings(name, namespace))
     return "\n".join(parts)
+
+
+# What vLLM's Mooncake connector and the store client log when a load, a save or a heartbeat fails: the
+# cause of a bare HTTP 500 (vLLM fails a request whose KV load failed and logs only this).
+_STORE_WARNING = re.compile(
+    r"Mooncake|mooncake|lease|master_client|transfer|Traceback|EngineCore|ERROR", re.IGNORECASE
+)
+_STORE_NOISE = re.compile(r"Failed to get the IP address|UserWarning")
+
+
+def replica_store_warnings(name: str, namespace: str = "default", per_pod: int = 12) -> str:
+    """The last store-related warning and error lines of each replica's engine log (best effort)."""
+    listing = json.loads(
+        kubectl(
+            [
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                f"--selector=app.kubernetes.io/instance={name},app.kubernetes.io/name=vllm",
+                "-o",
+                "json",
+            ]
+        )
+    )
+    lines = []
+    for pod in listing["items"]:
+        pod_name = pod["metadata"]["name"]
+        try:
+            log = kubectl(["logs", "-n", namespace, pod_name, "--tail=5000"])
+        except ClusterError as error:
+            lines.append(f"{pod_name}: log unreadable: {error}")
+            continue
+        found = [
+            line
+            for line in log.splitlines()
+            if (" WARNING " in line or " ERROR " in line or line.startswith(("E1", "W1", "Traceback")))
+            and _STORE_WARNING.search(line)
+            and not _STORE_NOISE.search(line)
+        ]
+        lines.append(f"{pod_name} ({pod['status'].get('podIP')}): {len(found)} store warning lines")
+        lines.extend(f"  {line[:400]}" for line in found[-per_pod:])
+    return "\n".join(lines)
 
 
 def wait_for_verdict(name: str, timeout: float) -> str:
@@ -269,6 +459,11 @@ def wait_for_verdict(name: str, timeout: float) -> str:
         if phase == "CanaryFailed":
             print_canary_failure(name, status)
             return "CanaryFailed"
+        if phase == "Invalid":  # final until the spec (or the operator) changes: no use waiting
+            raise ClusterError(
+                f"the operator refused {name}'s spec (is the operator image older than this checkout? "
+                f"run scripts/build-images)\n{describe(name)}"
+            )
         check_operator_running()
         time.sleep(3)
     raise ClusterError(

@@ -33,6 +33,8 @@ from mooncake_operator.canary import customer_request
 
 MAX_TOKENS = 8
 REQUEST_TIMEOUT_S = 30.0
+# A tick skipped because `max_in_flight` requests were in flight: saturation, recorded as a failure.
+OVERLOADED = "overloaded"
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,14 @@ class ClientLoad:
         self._in_flight = 0
         self._pool = ThreadPoolExecutor(max_workers=max_in_flight)
         self._thread = threading.Thread(target=self._run, name="client-load", daemon=True)
-        self._client = httpx.Client(timeout=REQUEST_TIMEOUT_S)
+        # A new connection per request: kube-proxy routes each by the client Service's endpoints at that
+        # moment, which is what the scenarios measure. A kept-alive connection stays on its pod whatever
+        # the Service says (its conntrack entry), and one the old pod closes as it shuts down resets the
+        # request sent on it (a BlueGreen switch showed one ReadError so): clients that keep connections
+        # alive retry on connection errors (docs/operator.md, "What faults do to users").
+        self._client = httpx.Client(
+            timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_keepalive_connections=0)
+        )
 
     def __enter__(self) -> ClientLoad:
         self._thread.start()
@@ -88,7 +97,7 @@ class ClientLoad:
                 if not full:
                     self._in_flight += 1
             if full:
-                self._record(Response(time.monotonic(), "overloaded", 0.0, None))
+                self._record(Response(time.monotonic(), OVERLOADED, 0.0, None))
             else:
                 self._pool.submit(self._one)
             tick += self.period
@@ -150,12 +159,17 @@ def parse_time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
-def replica_pods(name: str) -> list[dict[str, Any]]:
-    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=engine"
+def component_pods(name: str, component: str) -> list[dict[str, Any]]:
+    """The pods of resource `name` (namespace default) with the component label `component`."""
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component={component}"
     items: list[dict[str, Any]] = json.loads(
         kubectl(["get", "pods", "--namespace=default", f"--selector={selector}", "-o", "json"])
     )["items"]
     return items
+
+
+def replica_pods(name: str) -> list[dict[str, Any]]:
+    return component_pods(name, "engine")
 
 
 def engine_state(pod: dict[str, Any]) -> tuple[int, datetime | None]:
@@ -280,9 +294,20 @@ def failure_window(responses: list[Response]) -> tuple[int, float]:
     return len(failed), failed[-1].started + failed[-1].latency_s - failed[0].started
 
 
-def operator_counters(metric: str) -> dict[str, float]:
-    """One counter of every running operator pod, by pod (scraped on its metrics port)."""
-    pods = json.loads(
+def port_address(pod: dict[str, Any], port_name: str) -> str | None:
+    """`ip:port` of the pod's container port named `port_name`; None without an IP or such a port."""
+    ip = pod["status"].get("podIP")
+    ports = [
+        p["containerPort"]
+        for c in pod["spec"]["containers"]
+        for p in c.get("ports") or []
+        if p.get("name") == port_name
+    ]
+    return f"{ip}:{ports[0]}" if ip and ports else None
+
+
+def operator_pods() -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = json.loads(
         kubectl(
             [
                 "get",
@@ -294,22 +319,23 @@ def operator_counters(metric: str) -> dict[str, float]:
             ]
         )
     )["items"]
+    return pods
+
+
+def operator_counters(metric: str) -> dict[str, float]:
+    """One counter of every running operator process, by pod and restart count (scraped on its metrics
+    port)."""
+    pods = operator_pods()
     totals: dict[str, float] = {}
     for pod in pods:
-        ip = pod["status"].get("podIP")
-        ports = [
-            p["containerPort"]
-            for c in pod["spec"]["containers"]
-            for p in c.get("ports") or []
-            if p.get("name") == "metrics"
-        ]
-        if not ip or not ports:
+        address = port_address(pod, "metrics")
+        if address is None:
             continue
         try:
-            text = httpx.get(f"http://{ip}:{ports[0]}/metrics", timeout=5).text
+            text = httpx.get(f"http://{address}/metrics", timeout=5).text
         except httpx.HTTPError:
             continue
-        totals[pod["metadata"]["name"]] = sum(
+        totals[operator_process(pod)] = sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()
             if line.startswith(metric + "{") or line.startswith(metric + " ")
@@ -317,9 +343,25 @@ def operator_counters(metric: str) -> dict[str, float]:
     return totals
 
 
+def container_restarts(pod: dict[str, Any]) -> int:
+    """How often the pod's containers restarted, all together."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return sum(int(c.get("restartCount") or 0) for c in statuses)
+
+
+def operator_process(pod: dict[str, Any]) -> str:
+    """The pod and its restart count: a restarted container is a new process whose counters start at 0."""
+    return f"{pod['metadata']['name']}#{container_restarts(pod)}"
+
+
+def operator_restarts() -> dict[str, int]:
+    """Each operator pod's container restarts."""
+    return {pod["metadata"]["name"]: container_restarts(pod) for pod in operator_pods()}
+
+
 def counted_since(before: dict[str, float], after: dict[str, float]) -> float:
-    """What the operator pods counted between two scrapes; a pod new since `before` (a restarted
-    operator) counted everything it reports."""
+    """What the operator processes counted between two scrapes; a process new since `before` (another
+    pod, or the same pod's restarted container) counted everything it reports."""
     return sum(value - before.get(pod, 0.0) for pod, value in after.items())
 
 

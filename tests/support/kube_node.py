@@ -83,9 +83,10 @@ CONTROLLERS = ("*", "-cloud-node-lifecycle", "-route", "-service", "-nodeipam")
 CLONE_NEWNET = 0x40000000
 # The product requests nvidia.com/gpu = tensorParallelSize for every replica. This node has no GPU
 # and no device plugin: it advertises the count as an extended resource (capacity only, no device
-# reaches a container) so the scheduler places the example's two TP-1 replicas, and a third when the
-# node tier scales the resource to three.
-ADVERTISED_GPUS = 3
+# reaches a container) so the scheduler places the example's two TP-1 replicas, a third when the
+# node tier scales the resource to three, and a BlueGreen candidate's two beside the serving two (the
+# fault tier's revision rollout).
+ADVERTISED_GPUS = 4
 GPU_RESOURCE = "nvidia.com/gpu"
 KUBELET_HEALTHZ = "http://127.0.0.1:10248/healthz"
 # The API server's audit log records LIST requests only (who, what, when): the fault tier counts a
@@ -305,6 +306,9 @@ def _same_process(pid: int, exe: str) -> bool:
     return bool(cmdline) and cmdline[0].decode(errors="replace") == exe
 
 
+KILL_WAIT_S = 10.0  # after SIGKILL, how long the process may take to be gone
+
+
 def stop_pid(pid: int, exe: str, grace: float = 10.0) -> None:
     if not _same_process(pid, exe):
         return
@@ -316,9 +320,15 @@ def stop_pid(pid: int, exe: str, grace: float = 10.0) -> None:
     if _alive(pid) and _same_process(pid, exe):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    # Our own children (a failed `up`) would stay zombies otherwise.
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+    # SIGKILL is not instant (a large process takes a moment to unmap), and our own children (the
+    # session's components, a failed `up`) stay zombies until reaped: wait for both.
+    deadline = time.monotonic() + KILL_WAIT_S
+    while True:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        if not _alive(pid) or time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def command_of(pid: int) -> tuple[list[str], Path]:
@@ -327,17 +337,18 @@ def command_of(pid: int) -> tuple[list[str], Path]:
     return [arg.decode() for arg in argv], Path(os.readlink(f"/proc/{pid}/cwd"))
 
 
-def restart(name: str, healthy: Callable[[], bool], timeout: float = 120.0) -> float:
+def restart(name: str, healthy: Callable[[], bool], timeout: float = 120.0, grace: float = 10.0) -> float:
     """Stops the component `up` started as `name`, by its recorded pid, starts it again with the same
     argv and working directory (its log appended to), and waits until `healthy()`. Returns the
-    seconds from the stop to healthy."""
+    seconds from the stop to healthy. A component still running `grace` seconds after SIGTERM is killed.
+    """
     state = load_state()
     entry = state["pids"][name]
     if not _same_process(entry["pid"], entry["exe"]):
         raise ClusterError(f"{name} (pid {entry['pid']}) is not running")
     argv, cwd = command_of(entry["pid"])
     started = time.monotonic()
-    stop_pid(entry["pid"], entry["exe"])
+    stop_pid(entry["pid"], entry["exe"], grace)
     if _alive(entry["pid"]):
         raise ClusterError(f"{name} (pid {entry['pid']}) did not stop")
     spawn(state, name, argv, cwd=cwd)
@@ -542,6 +553,29 @@ class Images:
     operator: str
     engine_patched: str
     engine_buggy: str
+    etcd: str  # the managed etcd of highly available masters (Debian's etcd-server)
+
+    def all(self) -> list[str]:
+        return [self.pause, self.operator, self.engine_patched, self.engine_buggy, self.etcd]
+
+
+IMAGES_ENV_KEYS = {
+    "pause": "PAUSE_IMAGE",
+    "operator": "OPERATOR_IMAGE",
+    "engine_patched": "ENGINE_PATCHED_IMAGE",
+    "engine_buggy": "ENGINE_BUGGY_IMAGE",
+    "etcd": "ETCD_IMAGE",
+}
+
+
+def parse_images(text: str, source: Path) -> Images:
+    """images.env's KEY=reference lines; a key missing (a file an older scripts/build-images wrote) says
+    to build again."""
+    values = dict(line.split("=", 1) for line in text.split())
+    missing = [key for key in IMAGES_ENV_KEYS.values() if key not in values]
+    if missing:
+        raise ClusterError(f"{source} lacks {', '.join(missing)}: run scripts/build-images")
+    return Images(**{field: values[key] for field, key in IMAGES_ENV_KEYS.items()})
 
 
 def read_images() -> Images:
@@ -549,13 +583,7 @@ def read_images() -> Images:
     path = Path(os.environ.get("MOONCAKE_CLUSTER_IMAGES") or cache_root() / "cluster" / "images.env")
     if not path.exists():
         raise ClusterError(f"{path} missing: run scripts/build-images")
-    values = dict(line.split("=", 1) for line in path.read_text().split())
-    return Images(
-        pause=values["PAUSE_IMAGE"],
-        operator=values["OPERATOR_IMAGE"],
-        engine_patched=values["ENGINE_PATCHED_IMAGE"],
-        engine_buggy=values["ENGINE_BUGGY_IMAGE"],
-    )
+    return parse_images(path.read_text(), path)
 
 
 def ctr(*args: str) -> list[str]:
@@ -690,7 +718,7 @@ def up(log: Log) -> None:
     spawn(state, "containerd", ["containerd", f"--config={containerd_dir / 'config.toml'}"])
     wait_for("containerd", lambda: _run(ctr("version")).returncode == 0, 60, ["containerd"])
     spawn(state, "kube-scheduler", scheduler_argv(binaries, plane.kubeconfig))
-    import_images([images.pause, images.operator, images.engine_patched, images.engine_buggy], log)
+    import_images(images.all(), log)
 
     log("cluster DNS stand-in (dnsmasq fed from Services/Endpoints)")
     hosts = ROOT / "dns-hosts"
@@ -762,7 +790,14 @@ def _bind_kube_proxy(admin: Path) -> None:
 
 def kubectl(args: Sequence[str], kubeconfig: Path | None = None, *, input: str | None = None) -> str:
     binary = kube_binaries()["kubectl"]
-    argv = [str(binary), f"--kubeconfig={kubeconfig or admin_kubeconfig()}", *args]
+    # The discovery cache lives with the cluster: ~/.kube/cache outlives it, and a cache written before
+    # a CRD existed, at the same address, made `kubectl get mcs` find no such resource type.
+    argv = [
+        str(binary),
+        f"--kubeconfig={kubeconfig or admin_kubeconfig()}",
+        f"--cache-dir={ROOT / 'kubectl-cache'}",
+        *args,
+    ]
     return _run(argv, input=input, what="kubectl " + " ".join(args)).stdout
 
 

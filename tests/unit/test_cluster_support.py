@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import kubernetes_validate
 import pytest
 import yaml
 from tests.support import cluster, kube_node
 from tests.support.cluster_dns import hosts_entries, render_hosts
 
 from mooncake_operator.api import MANAGED_ENGINE_FLAGS, MooncakeServing
+from mooncake_sandbox.models import TinyModels
 
 pytestmark = pytest.mark.unit
 
@@ -93,6 +97,29 @@ def test_every_cpu_substitution_is_commented() -> None:
     assert text.count("# CPU:") >= 12
 
 
+def test_revision_paths_are_where_the_volume_puts_the_tiny_targets_revisions() -> None:
+    assert cluster.target_path(1) == cluster.example_resource("-")["spec"]["model"]["name"]
+    assert cluster.target_path(2) == f"/var/cache/huggingface/{cluster.MODELS_SUBDIR}/revision-2/target"
+    with pytest.raises(ValueError, match="revisions"):
+        cluster.target_path(3)
+
+
+def test_clients_send_a_name_every_revision_serves() -> None:
+    resource = MooncakeServing.model_validate(yaml.safe_load(cluster.EXAMPLE.read_text()))
+    assert cluster.client_model_name() in resource.spec.model.served_model_name_aliases
+    assert cluster.client_model_name() != resource.spec.model.name
+
+
+def test_a_model_set_without_the_second_revision_is_refused(tmp_path: Path) -> None:
+    models = TinyModels(tmp_path)
+    for revision in (1, 2):
+        models.target_for(revision).mkdir(parents=True)
+        (models.target_for(revision) / "model.safetensors").write_bytes(b"weights")
+    assert cluster.missing_revisions(tmp_path) == []
+    (models.target_for(2) / "model.safetensors").unlink()
+    assert cluster.missing_revisions(tmp_path) == [2]
+
+
 def test_models_volume_binds_only_the_examples_claim() -> None:
     volume, claim = cluster.models_volume(kube_node.ROOT / "models")
     assert volume["spec"]["claimRef"] == {"namespace": "default", "name": cluster.MODELS_CLAIM}
@@ -112,3 +139,81 @@ def test_helm_values_never_pull_and_prove_the_example() -> None:
         "--set=test.servingName=minimax-m25",
         "--set=test.servingNamespace=default",
     ]
+
+
+IMAGES_ENV = """PAUSE_IMAGE=r/pause:1
+OPERATOR_IMAGE=r/operator:2
+ENGINE_PATCHED_IMAGE=r/engine-patched:3
+ENGINE_BUGGY_IMAGE=r/engine-buggy:4
+ETCD_IMAGE=r/etcd:5
+"""
+
+
+def test_images_env_gives_every_image_the_node_imports() -> None:
+    images = kube_node.parse_images(IMAGES_ENV, kube_node.ROOT / "images.env")
+    assert images.etcd == "r/etcd:5"
+    assert images.all() == ["r/pause:1", "r/operator:2", "r/engine-patched:3", "r/engine-buggy:4", "r/etcd:5"]
+
+
+def test_images_env_of_an_older_build_says_to_build_again() -> None:
+    older = "\n".join(line for line in IMAGES_ENV.splitlines() if not line.startswith("ETCD_IMAGE="))
+    with pytest.raises(kube_node.ClusterError, match=r"lacks ETCD_IMAGE: run scripts/build-images"):
+        kube_node.parse_images(older, kube_node.ROOT / "images.env")
+
+
+def test_build_images_writes_the_keys_the_node_reads() -> None:
+    script = (cluster.REPO / "scripts" / "build-images").read_text()
+    written = script.split('cat >"$OUT.tmp" <<EOF\n', 1)[1].split("\nEOF\n", 1)[0]
+    assert {line.split("=", 1)[0] for line in written.splitlines()} == set(kube_node.IMAGES_ENV_KEYS.values())
+
+
+def test_ha_example_has_three_masters_and_the_managed_etcd_built_here() -> None:
+    resource = cluster.ha_example_resource("img:1", "etcd:2")
+    serving = MooncakeServing.model_validate(resource)
+    ha = serving.spec.store.master.high_availability
+    assert ha.enabled and ha.replicas == 3 and ha.enable_oplog
+    managed = ha.etcd.managed_or_default()
+    assert managed is not None and managed.image == "etcd:2" and managed.replicas == 1
+    assert serving.metadata.name == "minimax-m25-ha"
+    assert cluster.example_resource("img:1")["metadata"]["name"] == "minimax-m25"  # the example untouched
+    assert "highAvailability" not in cluster.example_resource("img:1")["spec"]["store"]["master"]
+
+
+def test_etcd_claims_get_volumes_bound_to_them_in_advance() -> None:
+    claims, size = cluster.etcd_claims(cluster.ha_example_resource("img:1", "etcd:2"))
+    assert (claims, size) == (["data-minimax-m25-ha-etcd-0"], "1Gi")
+    (volume,) = cluster.claim_volumes(claims, size, kube_node.ROOT / "volumes")
+    spec = volume["spec"]
+    assert spec["claimRef"] == {"namespace": "default", "name": "data-minimax-m25-ha-etcd-0"}
+    # The rendered claim names no class: it binds only to a volume without one.
+    assert spec["storageClassName"] == "" and spec["capacity"] == {"storage": "1Gi"}
+    assert spec["accessModes"] == ["ReadWriteOnce"]
+    assert spec["hostPath"]["path"] == str(kube_node.ROOT / "volumes" / "data-minimax-m25-ha-etcd-0")
+    kubernetes_validate.validate(volume, "1.25.0", strict=True)
+
+
+def test_dns_resolves_the_names_highly_available_masters_use() -> None:
+    """The masters' and etcd members' names (what the operator, the masters and the store clients dial)
+    from the rendered headless Services and Endpoints as the endpoints controller writes them for
+    StatefulSet pods (hostname = pod name); every pod listed, ready or not (publishNotReadyAddresses)."""
+    from mooncake_operator import render
+
+    serving = MooncakeServing.model_validate(cluster.ha_example_resource("img:1", "etcd:2"))
+    headless = [
+        render.masters_headless_service(serving, owner_uid=None),
+        render.etcd_service(serving, owner_uid=None),
+    ]
+    assert all(s["spec"]["publishNotReadyAddresses"] for s in headless)
+    sets = {
+        render.master_stateful_set(serving, owner_uid=None)["spec"]["serviceName"]: "minimax-m25-ha-master",
+        render.etcd_stateful_set(serving, owner_uid=None)["spec"]["serviceName"]: "minimax-m25-ha-etcd",
+    }
+    eps = [
+        endpoints(service, [{"ip": f"10.244.0.{10 * n + i}", "hostname": f"{pods}-{i}"} for i in range(3)])
+        for n, (service, pods) in enumerate(sets.items())
+    ]
+    names = {name for _, name in hosts_entries(headless, eps)}
+    dialled = [url.split("//", 1)[1].rsplit(":", 1)[0] for url in render.master_pod_urls(serving)]
+    dialled += [endpoint.rsplit(":", 1)[0] for endpoint in render.managed_etcd_endpoints(serving)]
+    assert len(dialled) == 4
+    assert {f"{host}.cluster.local" for host in dialled} <= names

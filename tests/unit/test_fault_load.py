@@ -3,12 +3,23 @@ vLLM, and the ledger's arithmetic of user requests that reached an unproven pod.
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
 from tests.support.fake_vllm import DEFAULT_MODEL, FakeCluster, Mode
-from tests.support.fault_load import ClientLoad, Instance, ServedLedger, counted_since, covers, failure_window
+from tests.support.fault_load import (
+    ClientLoad,
+    Instance,
+    ServedLedger,
+    counted_since,
+    covers,
+    failure_window,
+    operator_process,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -53,6 +64,49 @@ def test_the_load_records_every_answer_and_the_failures_window() -> None:
     assert 0 < window < 1.0
 
 
+class CountingServer(http.server.ThreadingHTTPServer):
+    """Answers every POST with one chat answer over HTTP/1.1 (keep-alive allowed) and counts the
+    connections it accepted."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        super().__init__(("127.0.0.1", 0), ChatHandler)
+
+    def process_request(self, request: object, client_address: object) -> None:
+        self.connections += 1
+        super().process_request(request, client_address)  # type: ignore[arg-type]
+
+
+class ChatHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"choices": [{"message": {"content": "ok"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_every_request_of_the_load_opens_its_own_connection() -> None:
+    # A kept-alive connection would stay on its pod whatever the client Service's endpoints say.
+    server = CountingServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with ClientLoad(f"http://127.0.0.1:{server.server_port}/", DEFAULT_MODEL, rate_per_s=20) as load:
+            time.sleep(0.5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    answered = [r for r in load.snapshot() if r.status == 200]
+    assert len(answered) >= 5
+    assert server.connections == len(load.snapshot())
+
+
 def test_user_requests_to_an_unproven_instance_are_its_count_less_the_canarys() -> None:
     ledger = ServedLedger("demo")
     ledger.record([(KEY, 0.0, STARTED)], {})
@@ -87,3 +141,14 @@ def test_a_run_proves_an_instance_only_when_it_passed_after_it_started_and_cover
 def test_a_restarted_operator_counts_everything_it_reports() -> None:
     assert counted_since({"op-a": 100.0}, {"op-a": 130.0}) == 30.0
     assert counted_since({"op-a": 100.0}, {"op-b": 12.0}) == 12.0
+
+
+def test_a_restarted_operator_container_is_a_new_process_whose_counters_count_from_zero() -> None:
+    pod = {"metadata": {"name": "op-a"}, "status": {"containerStatuses": [{"restartCount": 0}]}}
+    restarted = {"metadata": {"name": "op-a"}, "status": {"containerStatuses": [{"restartCount": 1}]}}
+    before, after = operator_process(pod), operator_process(restarted)
+    assert before != after
+    # The same pod after its container restarted (the API server's outage outlived the Lease): the new
+    # process's 12 requests are counted, not 12 - 100.
+    assert counted_since({before: 100.0}, {after: 12.0}) == 12.0
+    assert operator_process({"metadata": {"name": "op-b"}, "status": {}}) == "op-b#0"

@@ -4,6 +4,7 @@ LIST count it measures relists with."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,12 +25,18 @@ def started(cluster_root: Path, name: str, argv: list[str]) -> dict[str, Any]:
     workdir = cluster_root / "work"
     workdir.mkdir(exist_ok=True)
     state = kube_node.load_state()
-    pid = kube_node.spawn(state, name, argv, cwd=workdir).pid
-    # /proc shows the command line only once the exec completed: wait as a long-running component would.
+    kube_node.spawn(state, name, argv, cwd=workdir)
+    return running(name)
+
+
+def running(name: str) -> dict[str, Any]:
+    """The component's state entry, once /proc shows its command line (the exec completed), as a
+    long-running component's would."""
+    entry: dict[str, Any] = kube_node.load_state()["pids"][name]
     deadline = time.monotonic() + 5
-    while not Path(f"/proc/{pid}/cmdline").read_bytes() and time.monotonic() < deadline:
+    while not Path(f"/proc/{entry['pid']}/cmdline").read_bytes() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return dict(kube_node.load_state()["pids"][name])
+    return entry
 
 
 def test_restart_stops_the_recorded_pid_and_starts_the_same_command(cluster_root: Path) -> None:
@@ -50,6 +57,20 @@ def test_restart_stops_the_recorded_pid_and_starts_the_same_command(cluster_root
     finally:
         pid = kube_node.load_state()["pids"]["sleeper"]["pid"]
         kube_node.stop_pid(pid, "sleep")
+
+
+def test_restart_kills_a_component_that_outlives_its_grace(cluster_root: Path) -> None:
+    # kube-apiserver drains its watches on SIGTERM for longer than the grace: the restart must still
+    # find it gone (killed, and reaped: the session's components are the test process's children).
+    ignores_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    before = started(cluster_root, "stubborn", [sys.executable, "-c", ignores_term])
+    try:
+        kube_node.restart("stubborn", lambda: True, timeout=10, grace=0.5)
+        assert not kube_node._alive(before["pid"])
+    finally:
+        after = running("stubborn")
+        kube_node.stop_pid(after["pid"], after["exe"], grace=0.1)
+        assert not kube_node._alive(after["pid"])
 
 
 def test_restart_fails_when_the_component_never_becomes_healthy(cluster_root: Path) -> None:
