@@ -28,12 +28,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
 
 from mooncake_operator import render
-from mooncake_operator.api import EtcdSpec, ExternalEtcd, MasterHighAvailability, MooncakeServing
+from mooncake_operator.api import EtcdSpec, ExternalEtcd, MasterHighAvailability, MasterSpec, MooncakeServing
 from mooncake_operator.engine_args import HaTopology, master_argv
 from mooncake_operator.examples import customer_deployment
 from mooncake_operator.master_health import HEALTH_PATH, MasterView
@@ -52,10 +52,10 @@ T = TypeVar("T")
 
 
 def sandbox_ha_resource(
-    etcd_endpoint: str, *, masters: int, enable_oplog: bool, master_timing: Mapping[str, Any] | None = None
+    etcd_endpoint: str, *, masters: int, enable_oplog: bool, master: MasterSpec | None = None
 ) -> MooncakeServing:
     """The customer's deployment with highly available masters electing through the sandbox's etcd;
-    `master_timing`: spec.store.master fields the sandbox changes (its client and lease TTLs)."""
+    `master`: the master spec to make highly available (the sandbox's, with its TTLs), else the customer's."""
     resource = customer_deployment()
     ha = MasterHighAvailability(
         enabled=True,
@@ -63,8 +63,8 @@ def sandbox_ha_resource(
         enable_oplog=enable_oplog,
         etcd=EtcdSpec(external=ExternalEtcd(endpoints=[etcd_endpoint])),
     )
-    master = resource.spec.store.master.model_copy(update={**(master_timing or {}), "high_availability": ha})
-    store = resource.spec.store.model_copy(update={"master": master})
+    highly_available = (master or resource.spec.store.master).model_copy(update={"high_availability": ha})
+    store = resource.spec.store.model_copy(update={"master": highly_available})
     return resource.model_copy(update={"spec": resource.spec.model_copy(update={"store": store})})
 
 
@@ -264,7 +264,7 @@ async def start_ha_masters(
     executable: Path,
     masters: int,
     enable_oplog: bool,
-    master_timing: Mapping[str, Any],
+    master: MasterSpec,
     progress: Progress,
 ) -> HaMasters:
     """Start etcd and `masters` masters; return once one of them leads and serves."""
@@ -273,7 +273,7 @@ async def start_ha_masters(
         raise SandboxSetupError(f"--master-ha needs the etcd binary: {ETCD_PACKAGE_HINT}")
     etcd_port, peer_port = free_port(), free_port()
     resource = sandbox_ha_resource(
-        f"{LOOPBACK}:{etcd_port}", masters=masters, enable_oplog=enable_oplog, master_timing=master_timing
+        f"{LOOPBACK}:{etcd_port}", masters=masters, enable_oplog=enable_oplog, master=master
     )
     topology = render.ha_topology(resource)
     assert topology is not None

@@ -87,7 +87,7 @@ MASTER_CLIENT_TTL_S = 60
 MASTER_KV_LEASE_TTL_S = 120
 # Both as spec.store.master fields, so the master's command line comes from engine_args.master_argv
 # alone; examples/minimax-m2.5-eagle3-cpu.yaml sets the same values for the same reason.
-SANDBOX_MASTER_TIMING: dict[str, Any] = {
+SANDBOX_MASTER_TIMING: dict[str, int] = {
     "client_ttl_seconds": MASTER_CLIENT_TTL_S,
     "kv_lease_ttl_seconds": MASTER_KV_LEASE_TTL_S,
 }
@@ -500,7 +500,7 @@ class Sandbox:
                 executable=self.prepared.env.mooncake_master,
                 masters=self.options.ha_masters,
                 enable_oplog=self.options.enable_oplog,
-                master_timing=SANDBOX_MASTER_TIMING,
+                master=sandbox_spec(speculative=self.options.speculative).store.master,
                 progress=self.progress,
             )
             return

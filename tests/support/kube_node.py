@@ -29,7 +29,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -556,7 +556,7 @@ class Images:
     etcd: str  # the managed etcd of highly available masters (Debian's etcd-server)
 
     def all(self) -> list[str]:
-        return [self.pause, self.operator, self.engine_patched, self.engine_buggy, self.etcd]
+        return list(astuple(self))
 
 
 IMAGES_ENV_KEYS = {

@@ -32,6 +32,7 @@ from mooncake_operator.reconcile.observe import MasterState, Observation, PodInf
 from mooncake_sandbox import SandboxOptions
 from mooncake_sandbox import command as sandbox_command
 from mooncake_sandbox.ha import sandbox_ha_resource
+from mooncake_sandbox.runtime import MASTER_CLIENT_TTL_S, MASTER_KV_LEASE_TTL_S, sandbox_spec
 
 pytestmark = pytest.mark.unit
 
@@ -132,6 +133,16 @@ def test_the_sandbox_derives_its_topology_through_the_renderer() -> None:
     assert topology == HaTopology(
         etcd_endpoints=("127.0.0.1:23790",), cluster_id="mooncake-operator.default.minimax-m25"
     )
+
+
+def test_the_sandbox_ha_masters_get_its_master_ttls() -> None:
+    """`--master-ha` masters run with the sandbox's client and lease TTLs, as its single master does."""
+    master = sandbox_spec(speculative=True).store.master
+    resource = sandbox_ha_resource("127.0.0.1:23790", masters=3, enable_oplog=False, master=master)
+    argv = master_argv(resource.spec, ha=render.ha_topology(resource))
+    assert f"-client_ttl={MASTER_CLIENT_TTL_S}" in argv
+    assert f"-default_kv_lease_ttl={MASTER_KV_LEASE_TTL_S}s" in argv
+    assert "-enable_ha=true" in argv
 
 
 # --- children ------------------------------------------------------------------------------------------
