@@ -74,6 +74,17 @@ def test_replicas_are_bounded_in_the_models_and_the_crd() -> None:
     assert openapi_schema()["properties"]["spec"]["properties"]["replicas"]["maximum"] == MAX_REPLICAS
 
 
+@pytest.mark.parametrize("field", ["clientTtlSeconds", "kvLeaseTtlSeconds"])
+def test_the_master_ttls_are_bounded_in_the_models_and_the_crd(field: str) -> None:
+    path = f"spec.store.master.{field}"
+    assert problems_of(example(path, 0)) == [f"{path}: Input should be greater than or equal to 1"]
+    assert problems_of(example(path, 3601)) == [f"{path}: Input should be less than or equal to 3600"]
+    assert problems_of(example(path, "a minute")) == [f"{path}: Input should be a valid integer"]
+    parse_resource(example(path, 3600))
+    master = openapi_schema()["properties"]["spec"]["properties"]["store"]["properties"]["master"]
+    assert (master["properties"][field]["minimum"], master["properties"][field]["maximum"]) == (1, 3600)
+
+
 def test_the_duplicate_replica_check_names_each_repeat_once_in_a_long_list() -> None:
     # Its speed over 60,000 URLs is measured in bench/hostile_inputs.py, not timed here.
     urls = [f"http://10.0.{index // 250}.{index % 250}:8000" for index in range(60_000)]
