@@ -27,3 +27,10 @@ DEFAULT_MAX_TIE_GAP_NATS: Final = 0.125
 # ~4x the largest warm-versus-cold drift measured upstream (2.6e-2 on H100, vllm #52701), for FP8 MoE
 # at TP 4, which nobody measured; a wrong trailing block moves a distribution by whole nats.
 DEFAULT_MAX_DRIFT_NATS: Final = 0.1
+
+# How long the canary waits, after the cold answer, for the writer's store puts to cover the prompt's
+# full blocks before it sends the warm request. vLLM's connector stores blocks from a sending thread that
+# no request waits for; on GPUs a put of a few blocks takes milliseconds, on CPU engines longer
+# (bench/RESULTS.md). The wait ends as soon as the puts are reported, so a healthy writer costs less.
+DEFAULT_PUT_WAIT_S: Final = 10.0
+MAX_PUT_WAIT_S: Final = 300.0

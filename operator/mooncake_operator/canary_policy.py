@@ -97,11 +97,15 @@ def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfi
 
 
 def effective_verdict(result: CanaryResult, *, require_external_hit: bool) -> Verdict:
-    """The run's verdict; without `requireExternalHit`, equal answers without a proven load pass."""
+    """The run's verdict; without `requireExternalHit`, a run whose every Inconclusive pair lacks only the
+    proof of the reader's load (its answers proven equal, its cold answer proven cold) passes."""
     if result.verdict is not Verdict.INCONCLUSIVE or require_external_hit:
         return result.verdict
     proven_equal = all(
-        (pair.answers_equal or benign(pair.divergence)) and not pair.connection_error for pair in result.pairs
+        (pair.answers_equal or benign(pair.divergence))
+        and not pair.connection_error
+        and (pair.verdict is Verdict.PASSED or pair.only_load_unproven)
+        for pair in result.pairs
     )
     return Verdict.PASSED if proven_equal else Verdict.INCONCLUSIVE
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -24,12 +25,13 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator.canary.divergence import LogprobsError, parse_logprobs
+from mooncake_operator.canary.divergence import LogprobsError, LogprobsUnusable, parse_logprobs
 from mooncake_operator.canary.metrics import (
     COUNTER_NAMES,
     EXTERNAL_HITS,
     MetricsFormatError,
     ModelSeriesError,
+    declares_store,
     has_vllm_metrics,
     parse_samples,
     select_model,
@@ -38,6 +40,8 @@ from mooncake_operator.canary.metrics import (
 from mooncake_operator.canary.models import (
     ChatAnswer,
     ErrorKind,
+    SharedText,
+    SpecDecoding,
     StoreCounters,
     printable,
     redact_url,
@@ -114,8 +118,11 @@ async def chat(
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
     if top_logprobs is not None:
+        # Tokens as ids (`token_id:N`, top lists too): two different characters whose byte-fallback
+        # tokens both decode to U+FFFD are different ids.
         body["logprobs"] = True
         body["top_logprobs"] = top_logprobs
+        body["return_tokens_as_token_ids"] = True
     exchange = await _exchange(
         client,
         "POST",
@@ -142,6 +149,52 @@ async def chat(
         top_logprobs=top_logprobs,
         max_tokens=requested_max_tokens(request),
     )
+
+
+DETOKENIZE_PATH = "/detokenize"
+_DETOKENIZE_MAX_BODY_BYTES = 1024 * 1024
+
+
+async def detokenize(
+    client: httpx.AsyncClient,
+    base_url: str,
+    tokens: list[int],
+    *,
+    model: str | None,
+    timeout: float,  # noqa: ASYNC109 - a deadline per attempt
+    retry: RetryPolicy = NO_RETRY,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> SharedText:
+    """The text of `tokens` as the replica decodes them (vLLM's `POST /detokenize`); never raises for I/O:
+    a failure is in `SharedText.error`, with the URL redacted."""
+    body: dict[str, Any] = {"tokens": tokens}
+    if model is not None:
+        body["model"] = model
+    exchange = await _exchange(
+        client,
+        "POST",
+        base_url.rstrip("/") + DETOKENIZE_PATH,
+        limits=_Limits(timeout, connect_timeout, _DETOKENIZE_MAX_BODY_BYTES, "(fixed cap)"),
+        retry=retry,
+        json=body,
+    )
+    response = exchange.response
+    if response is None:
+        return SharedText(tokens=len(tokens), error=exchange.error)
+    if response.status_code != 200:
+        return SharedText(tokens=len(tokens), error=_status_message("POST", exchange.url, response))
+    try:
+        payload = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        payload = None
+    text = payload.get("prompt") if isinstance(payload, dict) else None
+    if not isinstance(text, str) or not _valid_unicode(text):
+        return SharedText(
+            tokens=len(tokens),
+            error=f"POST {exchange.url} answered 200 without the decoded text ('prompt'): "
+            f"{_body_excerpt(response)[:200]!r}",
+        )
+    return SharedText(tokens=len(tokens), text=text)
 
 
 def requested_max_tokens(request: dict[str, Any]) -> int | None:
@@ -197,7 +250,11 @@ def parse_chat_response(
     """A chat completion from an HTTP response, or a ChatAnswer that says precisely what is wrong.
 
     With `top_logprobs` (they were asked for), `choices[0].logprobs` is parsed strictly
-    (`parse_logprobs`); without, it is ignored."""
+    (`parse_logprobs`); without, it is ignored. `content` may be null beside a reasoning text (a
+    reasoning model whose budget ended inside its reasoning, or that stopped right after it); vLLM names
+    that field `reasoning` (older releases `reasoning_content`). `usage` and `metrics` are read strictly:
+    a count of the wrong type or an impossible one (cached tokens beyond the prompt, more drafts accepted
+    than proposed) is malformed; an absent one is no evidence."""
     base = {"url": url, "status": response.status_code, "latency_s": latency_s, "attempts": attempts}
     excerpt = _body_excerpt(response)
     if response.status_code != 200:
@@ -221,28 +278,35 @@ def parse_chat_response(
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return _malformed(base, excerpt, f"POST {url} answered 200 without 'choices': not a chat completion")
     message = choices[0].get("message")
-    content = message.get("content") if isinstance(message, dict) else None
-    if not isinstance(content, str):
+    if not isinstance(message, dict):
+        return _malformed(base, excerpt, f"POST {url} answered 200 but choices[0].message is not an object")
+    content = message.get("content")
+    reasoning = _reasoning(message)
+    if not isinstance(content, str) and not (content is None and reasoning is not None):
         return _malformed(
             base, excerpt, f"POST {url} answered 200 but choices[0].message.content is not text"
         )
-    assert isinstance(message, dict)
-    raw_reasoning = message.get("reasoning_content", message.get("reasoning"))
-    reasoning = raw_reasoning if isinstance(raw_reasoning, str) else None
-    if not _valid_unicode(content) or (reasoning is not None and not _valid_unicode(reasoning)):
+    if (content is not None and not _valid_unicode(content)) or (
+        reasoning is not None and not _valid_unicode(reasoning)
+    ):
         return _malformed(
             base,
             excerpt,
             f"POST {url} answered 200 but the answer is not valid Unicode text (a lone surrogate escape)",
         )
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    logprobs = None
+    try:
+        usage = _usage(payload.get("usage"), max_tokens)
+        spec_decoding = _spec_decoding(payload.get("metrics"), usage.completion_tokens)
+    except _Malformed as error:
+        return _malformed(base, excerpt, f"POST {url} answered 200 with impossible {error}")
+    logprobs = logprobs_problem = None
     if top_logprobs is not None:
         try:
             logprobs = parse_logprobs(choices[0].get("logprobs"), top_k=top_logprobs, max_entries=max_tokens)
         except LogprobsError as error:
             return _malformed(base, excerpt, f"POST {url} answered 200 with impossible logprobs: {error}")
-    details = usage.get("prompt_tokens_details")
+        except LogprobsUnusable as error:
+            logprobs_problem = str(error)
     model = payload.get("model")
     return ChatAnswer(
         **base,
@@ -250,11 +314,129 @@ def parse_chat_response(
         model=printable(model) if isinstance(model, str) else None,
         reasoning=reasoning,
         finish_reason=_text_or_none(choices[0].get("finish_reason")),
-        prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
-        completion_tokens=_int_or_none(usage.get("completion_tokens")),
-        cached_tokens=_int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        cached_tokens=usage.cached_tokens,
+        spec_decoding=spec_decoding,
         logprobs=logprobs,
+        logprobs_problem=logprobs_problem,
     )
+
+
+class _Malformed(ValueError):
+    """A field of a 200 answer that no vLLM server sends."""
+
+
+@dataclass(frozen=True)
+class _Usage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+# No prompt or answer is longer: bounds what a count may claim (a context of 2**31 tokens is absurd).
+_MAX_COUNT = 2**31
+
+
+def _usage(raw: object, max_tokens: int | None) -> _Usage:
+    """`usage` strictly: counts are integers in range, cached tokens within the prompt, the answer within
+    the tokens asked for. Absent fields (or `usage` itself) are None: no evidence, never zero."""
+    if raw is None:
+        return _Usage()
+    if not isinstance(raw, dict):
+        raise _Malformed(f"usage: {type(raw).__name__}, not an object")
+    prompt = _count(raw.get("prompt_tokens"), "usage.prompt_tokens")
+    completion = _count(raw.get("completion_tokens"), "usage.completion_tokens")
+    if completion is not None and max_tokens is not None and completion > max_tokens:
+        raise _Malformed(f"usage.completion_tokens {completion}, more than the {max_tokens} asked for")
+    details = raw.get("prompt_tokens_details")
+    if details is not None and not isinstance(details, dict):
+        raise _Malformed(f"usage.prompt_tokens_details: {type(details).__name__}, not an object")
+    cached = (
+        _count(details.get("cached_tokens"), "usage.prompt_tokens_details.cached_tokens") if details else None
+    )
+    if cached is not None and (prompt is None or cached > prompt):
+        raise _Malformed(
+            f"usage.prompt_tokens_details.cached_tokens {cached}, more than the prompt's {prompt} tokens"
+        )
+    return _Usage(prompt, completion, cached)
+
+
+_SPEC_COUNTS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens", "num_spec_tokens")
+# vLLM's num_speculative_tokens is a handful; a per-request histogram is that long plus one.
+_MAX_SPEC_TOKENS = 1024
+
+
+def _spec_decoding(raw: object, completion_tokens: int | None) -> SpecDecoding | None:
+    """`metrics.speculative_decoding` (vLLM's SpeculativeDecodingMetrics) strictly: counts in range and
+    consistent with its own acceptance histogram, no more verify steps than answer tokens."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _Malformed(f"metrics: {type(raw).__name__}, not an object")
+    spec = raw.get("speculative_decoding")
+    if spec is None:
+        return None
+    where = "metrics.speculative_decoding"
+    if not isinstance(spec, dict):
+        raise _Malformed(f"{where}: {type(spec).__name__}, not an object")
+    counts = {name: _count(spec.get(name), f"{where}.{name}") for name in _SPEC_COUNTS}
+    missing = [name for name, value in counts.items() if value is None]
+    if missing:
+        raise _Malformed(f"{where}: no {', '.join(missing)}")
+    steps, drafted, accepted, width = (int(counts[name] or 0) for name in _SPEC_COUNTS)
+    histogram = spec.get("acceptance_histogram")
+    if (
+        not isinstance(histogram, list)
+        or width > _MAX_SPEC_TOKENS
+        or len(histogram) != width + 1
+        or any(_count(item, f"{where}.acceptance_histogram") is None for item in histogram)
+    ):
+        raise _Malformed(f"{where}.acceptance_histogram: not {width + 1} counts (num_spec_tokens + 1)")
+    problems = []
+    if sum(histogram) != steps:
+        problems.append(f"the histogram counts {sum(histogram)} steps, num_spec_steps says {steps}")
+    if sum(j * count for j, count in enumerate(histogram)) != accepted:
+        problems.append("the histogram disagrees with num_accepted_draft_tokens")
+    if accepted > drafted or drafted > steps * width:
+        problems.append(f"{accepted} accepted of {drafted} drafted over {steps} steps of {width}")
+    if completion_tokens is not None and steps > completion_tokens:
+        problems.append(f"{steps} verify steps for {completion_tokens} answer tokens")
+    for name in ("mean_acceptance_length", "draft_acceptance_rate"):
+        value = spec.get(name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            problems.append(f"{name} is {value!r}, not a finite number >= 0")
+    if problems:
+        raise _Malformed(f"{where}: {'; '.join(problems)}")
+    return SpecDecoding(
+        num_spec_steps=steps,
+        num_draft_tokens=drafted,
+        num_accepted_draft_tokens=accepted,
+        num_spec_tokens=width,
+    )
+
+
+def _count(value: object, where: str) -> int | None:
+    """A token count: None when absent; an integer 0 <= n < 2**31, else malformed."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < _MAX_COUNT:
+        raise _Malformed(f"{where}: {value!r}, not a count")
+    return value
+
+
+def _reasoning(message: dict[str, Any]) -> str | None:
+    """The reasoning text: vLLM 0.32's `reasoning`, or `reasoning_content` of older releases."""
+    for key in ("reasoning", "reasoning_content"):
+        value = message.get(key)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def parse_metrics_response(
@@ -284,7 +466,7 @@ def parse_metrics_response(
         except ModelSeriesError as error:
             message = f"GET {url}: {error}"
             raise CounterScrapeError(ErrorKind.MALFORMED, message, latency_s=latency_s) from None
-    counters = store_counters(samples, latency_s=latency_s)
+    counters = store_counters(samples, latency_s=latency_s, store_metrics_declared=declares_store(text))
     if counters.external_hit_tokens is None:
         raise CounterScrapeError(
             ErrorKind.MALFORMED,
@@ -501,7 +683,3 @@ def _valid_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -17,6 +17,13 @@ Models choose their own key names ("replica_count", "replicas", "numReplicas"), 
 look at the object's values, not its keys; `json_field_equals` matches keys loosely (case and
 punctuation ignored, substring match). Numbers match numbers or numeric strings (4 == "4" == 4.0),
 strings match case-insensitively after trimming, booleans only booleans.
+
+A key repeated in an object (`"region": "us-east", "region": "us-west"`) is a violation of every list
+holding a JSON check: a parser keeps the last value, so the answer's old value would otherwise hide
+behind the new one (the seed's symptom is old values mixed with new). The values a repeat shadows are
+still values of the object, so `json_values_exclude` sees them too.
+
+Checks judge the answer after any reasoning (`answer_text`).
 """
 
 from __future__ import annotations
@@ -81,6 +88,61 @@ class JsonSearch:
         return f"no JSON object ({self.gave_up})" if self.gave_up else "no JSON object"
 
 
+class JsonObject(dict[str, object]):
+    """A decoded JSON object that remembers what its repeated keys held before (the last value wins)."""
+
+    shadowed: list[tuple[str, object]]
+
+
+def _json_object(pairs: list[tuple[str, object]]) -> JsonObject:
+    obj = JsonObject()
+    obj.shadowed = []
+    for key, value in pairs:
+        if key in obj:
+            obj.shadowed.append((key, obj[key]))
+        obj[key] = value
+    return obj
+
+
+def repeated_keys(value: object) -> list[tuple[str, list[object]]]:
+    """Every key an object inside `value` repeats, with all its values in order (iterative: any depth)."""
+    found = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, JsonObject):
+            for key in dict.fromkeys(key for key, _ in item.shadowed):
+                earlier = [old for name, old in item.shadowed if name == key]
+                found.append((key, [*earlier, item[key]]))
+        if isinstance(item, dict):
+            pending.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            pending.extend(reversed(item))
+    return found
+
+
+# Where the reasoning of a model that thinks before it answers ends (MiniMax-M2, Qwen3, DeepSeek-R1):
+# without a reasoning parser vLLM returns it inside the content, `…</think>\n\n{json}`.
+REASONING_END = "</think>"
+
+
+def answer_text(content: str | None, reasoning: str | None) -> str:
+    """The answer the checks judge: the content after the reasoning. With a reasoning parser vLLM has
+    split it off already (`reasoning` is set; `content` null when the answer was not reached); without
+    one, the content is cut after its first end-of-reasoning marker."""
+    text = content or ""
+    if reasoning is not None:
+        return text
+    end = text.find(REASONING_END)
+    return text[end + len(REASONING_END) :] if end != -1 else text
+
+
+def value_agnostic(expectations: list[Expectation]) -> list[Expectation]:
+    """The checks that hold for any request asking for one JSON object, whatever the values: the default
+    suite's padded requests are judged by these (and by the repeated-key rule they bring)."""
+    return [expectation for expectation in expectations if isinstance(expectation, JsonObjectOnly)]
+
+
 def find_json_object(text: str) -> tuple[dict[str, object], int, int] | None:
     """The first JSON object in `text` as (object, start, end), or None (see `search_json`)."""
     return search_json(text).found
@@ -95,7 +157,7 @@ def search_json(
 ) -> JsonSearch:
     """The first `{` from which a JSON object decodes, trying at most `attempts` of them, each within
     `max_chars` characters, for at most `budget_s` seconds: linear in `text` and bounded in time."""
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(object_pairs_hook=_json_object)
     deadline = time.monotonic() + budget_s
     start = text.find("{")
     tried = 0
@@ -134,7 +196,8 @@ def leaf_values(value: object) -> Iterator[object]:
     while pending:
         item = pending.pop()
         if isinstance(item, dict):
-            pending.extend(reversed(list(item.values())))
+            shadowed = [old for _, old in item.shadowed] if isinstance(item, JsonObject) else []
+            pending.extend(reversed([*shadowed, *item.values()]))
         elif isinstance(item, list):
             pending.extend(reversed(item))
         else:
@@ -276,10 +339,26 @@ Expectation = Annotated[
 ]
 
 
+_JSON_CHECKS = (JsonObjectOnly, JsonValuesInclude, JsonValuesExclude, JsonFieldEquals)
+
+
 def violations(expectations: list[Expectation], text: str) -> list[str]:
-    """Every expectation `text` breaks, one line each, in the order the expectations are listed."""
+    """Every expectation `text` breaks, one line each, in the order the expectations are listed; then,
+    when any check reads the JSON object, each key it repeats."""
     search = search_json(text) if expectations else None  # once for every JSON check
-    return [problem for expectation in expectations for problem in expectation.check(text, search)]
+    problems = [problem for expectation in expectations for problem in expectation.check(text, search)]
+    if (
+        search is not None
+        and search.found is not None
+        and any(isinstance(expectation, _JSON_CHECKS) for expectation in expectations)
+    ):
+        problems += [
+            f"the JSON object repeats the key {excerpt(key, 40)} "
+            f"({', '.join(_show(value) for value in values[:_LISTED_KEYS])}): "
+            "a superseded value may hide behind the last one"
+            for key, values in repeated_keys(search.found[0])[:_LISTED_KEYS]
+        ]
+    return problems
 
 
 def _contains(text: str, needle: str, *, case_sensitive: bool) -> bool:

@@ -30,6 +30,14 @@ STORE_FAILED_KEYS = "vllm:mooncake_store_operation_failed_keys_total"
 SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+# What the replica served: attributes a counter rise to the canary's own request when its answer carries
+# no evidence of its own (vllm/v1/metrics/loggers.py: counted as requests finish / prefills complete).
+REQUESTS_FINISHED = "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+REQUESTS_RUNNING = "vllm:num_requests_running"
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+# The Mooncake store's counter family: declared (HELP/TYPE) at start-up, series from the first operation.
+_STORE_FAMILY = "vllm:mooncake_store_operation_keys"
 MODEL_LABEL = "model_name"
 
 
@@ -55,6 +63,10 @@ COUNTER_NAMES = frozenset(
         SPEC_DECODE_DRAFTS,
         SPEC_DECODE_DRAFT_TOKENS,
         SPEC_DECODE_ACCEPTED_TOKENS,
+        REQUESTS_FINISHED,
+        PROMPT_TOKENS,
+        REQUESTS_RUNNING,
+        REQUESTS_WAITING,
     }
 )
 _VLLM_SAMPLE_LINE = re.compile(r"^\s*vllm:", re.MULTILINE)
@@ -135,10 +147,16 @@ def select_model(samples: list[Sample], model: str | None) -> list[Sample]:
     return chosen
 
 
-def store_counters(samples: list[Sample], *, latency_s: float = 0.0) -> StoreCounters:
+def store_counters(
+    samples: list[Sample], *, latency_s: float = 0.0, store_metrics_declared: bool | None = None
+) -> StoreCounters:
     """The counters the canary reads, each summed over its label sets; None where a metric is absent.
 
-    Pass one model's samples (`select_model`): the sum is over engines and statuses, not models."""
+    Pass one model's samples (`select_model`): the sum is over engines and statuses, not models.
+    `store_metrics_declared`: whether the page declares the Mooncake store counters (`declares_store`);
+    None: whether any of their samples is among `samples`."""
+    if store_metrics_declared is None:
+        store_metrics_declared = any(sample.name == STORE_OPERATION_KEYS for sample in samples)
     return StoreCounters(
         external_hit_tokens=_total(samples, EXTERNAL_HITS),
         external_query_tokens=_total(samples, EXTERNAL_QUERIES),
@@ -149,12 +167,23 @@ def store_counters(samples: list[Sample], *, latency_s: float = 0.0) -> StoreCou
         spec_decode_drafts=_total(samples, SPEC_DECODE_DRAFTS),
         spec_decode_draft_tokens=_total(samples, SPEC_DECODE_DRAFT_TOKENS),
         spec_decode_accepted_tokens=_total(samples, SPEC_DECODE_ACCEPTED_TOKENS),
+        requests_finished=_total(samples, REQUESTS_FINISHED),
+        prompt_tokens=_total(samples, PROMPT_TOKENS),
+        requests_running=_total(samples, REQUESTS_RUNNING),
+        requests_waiting=_total(samples, REQUESTS_WAITING),
+        store_metrics_declared=store_metrics_declared,
         latency_s=latency_s,
     )
 
 
 def has_vllm_metrics(text: str) -> bool:
     return _VLLM_SAMPLE_LINE.search(text) is not None
+
+
+def declares_store(text: str) -> bool:
+    """Whether the page carries the Mooncake store's key counters (a sample, or the family's HELP/TYPE
+    lines, which prometheus_client writes before the first operation creates a series)."""
+    return _STORE_FAMILY in text
 
 
 def expected_external_hit_tokens(prompt_tokens: int, block_size: int, *, eagle: bool) -> int:

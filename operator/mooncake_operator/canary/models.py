@@ -13,14 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from mooncake_operator import exit_codes
 from mooncake_operator.canary.expectations import Expectation
 from mooncake_operator.canary.request import customer_expectations, customer_request
+from mooncake_operator.canary.urls import redact_url as redact_url
 from mooncake_operator.canary_defaults import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_CHAT_BODY_BYTES,
     DEFAULT_MAX_DRIFT_NATS,
     DEFAULT_MAX_METRICS_BODY_BYTES,
     DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_PUT_WAIT_S,
     DEFAULT_TOP_K,
     MAX_BODY_BYTES_LIMIT,
+    MAX_PUT_WAIT_S,
     MAX_TOP_K,
 )
 
@@ -59,9 +62,11 @@ class _Model(BaseModel):
 
 
 class ComparisonMode(StrEnum):
-    # Token for token, no divergence allowed: for replicas on batch-invariant kernels.
+    # Token for token, no divergence allowed: for replicas on batch-invariant kernels. The logprobs are
+    # asked for and judged as in LOGPROBS (identical tokens over a moved distribution are corruption).
     EXACT = "exact"
-    # Identical tokens pass; at the first divergence the two distributions decide benign or not.
+    # Identical tokens pass when their distributions agree; at the first divergence the two
+    # distributions decide benign or not.
     LOGPROBS = "logprobs"
 
 
@@ -75,16 +80,32 @@ class Comparison(_Model):
 
 
 class TopLogprob(_Model):
-    token: str
+    token_id: int = Field(ge=0)
     logprob: float
 
 
 class TokenLogprob(_Model):
-    """One generated token: its text, its logprob, the replica's top alternatives at that step."""
+    """One generated token, by id (vLLM's `return_tokens_as_token_ids`: `token_id:N`): its logprob and
+    the replica's top alternatives at that step, in the order the replica sent them."""
 
-    token: str
+    token_id: int = Field(ge=0)
     logprob: float
     top: list[TopLogprob] = Field(default_factory=list)
+
+
+def token_name(token_id: int | None) -> str | None:
+    """How a token is shown: vLLM's own placeholder for a token id."""
+    return None if token_id is None else f"token_id:{token_id}"
+
+
+class SpecDecoding(_Model):
+    """The answer's own speculative-decoding metrics (`metrics.speculative_decoding`, vLLM's
+    `--per-request-spec-decode-metrics summary`): what the drafter did for this request alone."""
+
+    num_spec_steps: int = Field(ge=0)
+    num_draft_tokens: int = Field(ge=0)
+    num_accepted_draft_tokens: int = Field(ge=0)
+    num_spec_tokens: int = Field(ge=0)
 
 
 class DivergenceKind(StrEnum):
@@ -98,11 +119,17 @@ class Divergence(_Model):
 
     Gaps are |logprob(own token) - logprob(the other side's token)| in one side's distribution; None
     when the other side's token is not in that side's top list. Ranks are 1-based in the top list.
+    Token drifts are |cold - warm| logprob of each candidate token at the divergence (the two sides
+    share the prefix up to it, so their distributions there must agree within the drift bound).
     """
 
     position: int = Field(ge=0, description="Index of the first differing token.")
     cold_token: str | None = Field(default=None, description="None: the cold answer ended here.")
     warm_token: str | None = Field(default=None, description="None: the warm answer ended here.")
+    cold_token_id: int | None = None
+    warm_token_id: int | None = None
+    cold_token_drift_nats: float | None = None
+    warm_token_drift_nats: float | None = None
     kind: DivergenceKind
     cold_gap_nats: float | None = None
     warm_gap_nats: float | None = None
@@ -110,7 +137,9 @@ class Divergence(_Model):
     cold_token_rank_in_warm: int | None = None
     shared_tokens: int = Field(default=0, ge=0, description="Tokens before the divergence.")
     max_drift_nats: float | None = Field(
-        default=None, description="Largest |cold - warm| logprob of the shared tokens before it."
+        default=None,
+        description="Largest cold-versus-warm logprob change over the top lists of the shared positions "
+        "and the divergence itself.",
     )
     drift_position: int | None = None
     top_k: int
@@ -150,8 +179,13 @@ class ChatAnswer(_Model):
     # usage.prompt_tokens_details.cached_tokens (local + external); vLLM sends it only with
     # --enable-prompt-tokens-details.
     cached_tokens: int | None = None
-    # Per generated token, when asked for (`logprobs`, `top_logprobs`); None: the server sent none.
+    # metrics.speculative_decoding; vLLM sends it only with --per-request-spec-decode-metrics.
+    spec_decoding: SpecDecoding | None = None
+    # Per generated token, when asked for (`logprobs`, `top_logprobs`); None: none usable (see below).
     logprobs: list[TokenLogprob] | None = None
+    # Why the logprobs the server sent cannot be judged (tokens that are not ids, short top lists);
+    # None when they can or none were sent.
+    logprobs_problem: str | None = None
     latency_s: float = 0.0
     attempts: int = 1
     error_kind: ErrorKind | None = None
@@ -160,7 +194,22 @@ class ChatAnswer(_Model):
 
     @property
     def ok(self) -> bool:
-        return self.error_kind is None and self.status == 200 and self.text is not None
+        """A chat completion: content, or reasoning alone (a reasoning model whose budget ended in it)."""
+        return (
+            self.error_kind is None
+            and self.status == 200
+            and (self.text is not None or self.reasoning is not None)
+        )
+
+    @property
+    def generation(self) -> str:
+        """The whole generated text as the replica split it: reasoning, then content."""
+        return (self.reasoning or "") + (self.text or "")
+
+    @property
+    def truncated(self) -> bool:
+        """The answer stopped at its token budget: its end was never written."""
+        return self.finish_reason == "length"
 
 
 class StoreCounters(_Model):
@@ -176,8 +225,23 @@ class StoreCounters(_Model):
     spec_decode_drafts: int | None = None
     spec_decode_draft_tokens: int | None = None
     spec_decode_accepted_tokens: int | None = None
+    # What the replica served (attribution of a counter rise to the canary's own request): requests
+    # finished (vllm:request_success_total) and prompt tokens prefilled (vllm:prompt_tokens_total).
+    requests_finished: int | None = None
+    prompt_tokens: int | None = None
+    # Gauges at the time of the read (vllm:num_requests_running / _waiting); None in a delta.
+    requests_running: int | None = None
+    requests_waiting: int | None = None
+    # Whether the page declares the Mooncake store's operation counters (their series appear with the
+    # first operation, the family's HELP/TYPE lines at start-up).
+    store_metrics_declared: bool = False
     # How long the scrape took; 0 in a delta.
     latency_s: float = 0.0
+
+    @property
+    def save_put_ok_keys(self) -> int:
+        keys = self.store_keys_by_operation.get("save_put", 0)
+        return keys - self.store_failed_keys_by_operation.get("save_put", 0)
 
     def delta(self, other: StoreCounters) -> StoreCounters:
         """How much each counter rose from `other` (the earlier reading) to this one."""
@@ -195,6 +259,9 @@ class StoreCounters(_Model):
             spec_decode_accepted_tokens=_minus(
                 self.spec_decode_accepted_tokens, other.spec_decode_accepted_tokens
             ),
+            requests_finished=_minus(self.requests_finished, other.requests_finished),
+            prompt_tokens=_minus(self.prompt_tokens, other.prompt_tokens),
+            store_metrics_declared=self.store_metrics_declared,
         )
 
 
@@ -205,6 +272,61 @@ class Mismatch(_Model):
     position: int = Field(ge=0, description="Index of the first differing character.")
     cold: str = Field(description="Cold (writer) text around the mismatch.")
     warm: str = Field(description="Warm (reader) text around the mismatch.")
+
+
+class PutWaitOutcome(StrEnum):
+    COVERED = "covered"  # the writer reported puts covering the prompt's full blocks
+    TIMEOUT = "timeout"  # it had not within the wait
+    FAILED = "failed"  # the writer reported failed puts
+    NO_STORE_METRICS = "no_store_metrics"  # the writer's page declares no Mooncake store counters
+    UNAVAILABLE = "unavailable"  # the writer's counters could not be read
+    OFF = "off"  # put_wait_s 0: the warm request is sent at once
+
+
+class PutWait(_Model):
+    """How long the canary waited for the writer's store puts before it sent the warm request."""
+
+    outcome: PutWaitOutcome
+    waited_s: float = Field(ge=0)
+    polls: int = Field(default=0, ge=0, description="Writer metrics reads after the cold answer.")
+    keys_needed: int | None = Field(
+        default=None,
+        description="save_put keys that cover the prompt's full blocks (at least one per block); None: "
+        "without a block size, any put.",
+    )
+    keys_reported: int | None = Field(default=None, description="save_put keys (ok) the writer reported.")
+    failed_keys: int | None = None
+
+    def describe(self) -> str:
+        needed = f"{self.keys_needed} keys (the prompt's full blocks)" if self.keys_needed else "any put"
+        seen = f"{self.keys_reported} reported" if self.keys_reported is not None else "none read"
+        return f"{self.outcome.value} after {self.waited_s:.3f} s waiting for {needed}, {seen}"
+
+
+class LogprobEvidence(_Model):
+    """The logprob comparison over every position both answers share (and the divergence, if any)."""
+
+    positions: int = Field(ge=0, description="Positions whose distributions were compared.")
+    max_drift_nats: float | None = Field(
+        default=None,
+        description="Largest cold-versus-warm logprob change found (a lower bound where a "
+        "token was in one side's top list only).",
+    )
+    drift_position: int | None = None
+    drift_token_id: int | None = None
+    drift_bounded: bool = Field(
+        default=False, description="The largest drift is a bound: the token was in one top list only."
+    )
+    max_drift_nats_allowed: float
+
+
+class SharedText(_Model):
+    """The text of the tokens both answers share before a divergence, decoded by the writer
+    (`POST /detokenize`), or why it could not be."""
+
+    tokens: int = Field(ge=0)
+    text: str | None = None
+    error: str | None = None
 
 
 class PairResult(_Model):
@@ -232,19 +354,35 @@ class PairResult(_Model):
     mismatch: Mismatch | None = None
     # The first differing token, judged (logprobs mode); reported whether it passed or not.
     divergence: Divergence | None = None
+    # The distributions compared at every shared position.
+    logprob_evidence: LogprobEvidence | None = None
+    # The text of the shared tokens before a divergence (checked against both answers).
+    shared_text: SharedText | None = None
+    put_wait: PutWait | None = None
+    # Where the reader's load was proven from: "answer" (its own usage.prompt_tokens_details), "counters"
+    # (a counter rise attributable to the warm request alone), None (not proven).
+    hit_evidence: Literal["answer", "counters"] | None = None
+    # Inconclusive only because the reader's load was not proven (the answers were proven equal, the
+    # cold answer proven cold): what `requireExternalHit: false` accepts.
+    only_load_unproven: bool = False
     request_name: str = "request"
     expectation_violations: list[str] = Field(default_factory=list)
     connection_error: str | None = None
     wall_s: float = 0.0
     # Sum of this pair's chat and metrics request latencies: the part of wall_s spent waiting on replicas.
     request_latency_s: float = 0.0
+    # The writer's metrics reads: before the cold request, then while waiting for its puts.
+    writer_metrics_reads: int = 0
 
 
 class RunCost(_Model):
     """What a run cost the replicas: chat requests sent and the tokens they counted (usage)."""
 
     chat_requests: int = 0
-    metrics_reads: int = 0  # the readers' (the writers' reads, which only explain, are not counted)
+    metrics_reads: int = 0  # the readers'
+    writer_metrics_reads: int = 0  # the writers' (the cold proof and the wait for their puts)
+    detokenize_requests: int = 0  # the shared text before a benign divergence
+    put_wait_s: float = 0.0  # time spent waiting for the writers' puts
     prompt_tokens: int = 0
     completion_tokens: int = 0
 
@@ -330,6 +468,8 @@ class CanaryConfig(_Model):
     connect_retries: int = Field(default=3, ge=0, le=20)
     retry_backoff_s: float = Field(default=0.5, ge=0, le=60, allow_inf_nan=False)
     expected_external_hit_tokens: int | None = Field(default=None, ge=1)
+    # After the cold answer, wait at most this long for the writer's store puts (0: not at all).
+    put_wait_s: float = Field(default=DEFAULT_PUT_WAIT_S, ge=0, le=MAX_PUT_WAIT_S, allow_inf_nan=False)
     block_size: int | None = Field(default=None, ge=1)
     # With Eagle the reader's speculative-decoding counters must also rise over the warm request.
     eagle: bool = False
@@ -398,12 +538,16 @@ def check_chat_request(request: dict[str, Any]) -> None:
         raise ValueError("the request must ask for one choice ('n': 1)")
     if "cache_salt" in request:
         raise ValueError("the request must not set 'cache_salt'; the canary sets a fresh one per pair")
-    asked = sorted(key for key in ("logprobs", "top_logprobs") if key in request)
+    asked = sorted(key for key in CANARY_REQUEST_FIELDS if key in request)
     if asked:
         raise ValueError(
             f"the request must not set {' or '.join(repr(key) for key in asked)}; the canary asks for "
-            "logprobs itself (comparison.topK)"
+            "logprobs by token id itself (comparison.topK)"
         )
+
+
+# What the canary adds to every chat request it sends (besides cache_salt): a request must not set them.
+CANARY_REQUEST_FIELDS = ("logprobs", "top_logprobs", "return_tokens_as_token_ids")
 
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -442,20 +586,6 @@ def normalize_base_url(url: str) -> str:
         netloc = f"{userinfo}@{netloc}"
     path = parts.path.rstrip("/").removesuffix("/v1").rstrip("/")
     return f"{scheme}://{netloc}{path}"
-
-
-def redact_url(url: str, *, mask: str = "***@") -> str:
-    """`url` with any user:password@ replaced by `***@`: how a URL is shown (tables, JSON, logs, errors)."""
-    scheme, separator, rest = url.partition("://")
-    if not separator:
-        return url
-    authority_end = min(
-        (i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i != -1), default=len(rest)
-    )
-    authority = rest[:authority_end]
-    if "@" not in authority:
-        return url
-    return f"{scheme}://{mask}{authority.rpartition('@')[2]}{rest[authority_end:]}"
 
 
 def printable(text: str) -> str:

@@ -10,9 +10,11 @@ _COLUMNS = [
     "WRITER -> READER",
     "VERDICT",
     "DIVERGENCE",
+    "DRIFT",
     "PROMPT",
     "EXT HIT",
     "EXPECTED",
+    "PROOF",
     "LOAD_GET",
     "COLD s",
     "WARM s",
@@ -40,7 +42,9 @@ def render_table(result: CanaryResult) -> str:
     lines.append(
         f"cost: {cost.chat_requests} chat requests ({len(result.requests)} per pair: "
         f"{', '.join(result.requests)}), {cost.prompt_tokens} prompt + {cost.completion_tokens} completion "
-        f"tokens, {cost.metrics_reads} reader metrics reads; comparison {_comparison_line(result)}"
+        f"tokens, {cost.metrics_reads} reader and {cost.writer_metrics_reads} writer metrics reads, "
+        f"{cost.detokenize_requests} detokenize, {cost.put_wait_s:.3f} s waiting for puts; comparison "
+        f"{_comparison_line(result)}"
     )
     lines.append(
         f"wall {result.wall_s:.3f} s, of which waiting on replicas {result.request_latency_s:.3f} s; "
@@ -76,9 +80,11 @@ def _row(pair: PairResult) -> list[str]:
         f"{pair.writer} -> {pair.reader}",
         pair.verdict.value,
         _divergence(pair),
+        _drift(pair),
         _number(pair.prompt_tokens),
         _number(pair.external_hit_tokens),
         _number(pair.expected_external_hit_tokens) if pair.expected_external_hit_tokens else "any",
+        pair.hit_evidence or "-",
         _number(pair.load_get_keys),
         _latency(pair.cold),
         _latency(pair.warm),
@@ -93,18 +99,22 @@ def _details(pair: PairResult) -> list[str]:
     lines += [f"  note: {note}" for note in pair.notes]
     if pair.divergence is not None:
         lines.append(f"  divergence: {pair.divergence.describe()}")
+    if pair.put_wait is not None:
+        lines.append(f"  writer's puts: {pair.put_wait.describe()}")
     if pair.mismatch is not None and pair.cold is not None and pair.warm is not None:
-        lines.append(f"  cold answer: {pair.cold.text!r}")
-        lines.append(f"  warm answer: {pair.warm.text!r}")
+        for role, answer in (("cold", pair.cold), ("warm", pair.warm)):
+            if answer.reasoning is not None:
+                lines.append(f"  {role} reasoning: {answer.reasoning!r}")
+            lines.append(f"  {role} answer: {answer.text!r}")
     return lines
 
 
 def _comparison_line(result: CanaryResult) -> str:
     comparison = result.comparison
     if comparison.mode.value == "exact":
-        return "exact"
+        return f"exact (top-{comparison.top_k} by token id, drift <= {comparison.max_drift_nats:g} nat)"
     return (
-        f"logprobs (top-{comparison.top_k}, tie gap <= {comparison.max_tie_gap_nats:g} nat, "
+        f"logprobs (top-{comparison.top_k} by token id, tie gap <= {comparison.max_tie_gap_nats:g} nat, "
         f"drift <= {comparison.max_drift_nats:g} nat)"
     )
 
@@ -117,6 +127,14 @@ def _divergence(pair: PairResult) -> str:
     gaps = [gap for gap in (divergence.cold_gap_nats, divergence.warm_gap_nats) if gap is not None]
     gap = f" gap {max(gaps):.3f}" if len(gaps) == 2 else ""
     return f"{divergence.kind.value}@{divergence.position}{gap}"
+
+
+def _drift(pair: PairResult) -> str:
+    """The largest cold-versus-warm logprob change over the shared positions; `-`: not compared."""
+    evidence = pair.logprob_evidence
+    if evidence is None or evidence.max_drift_nats is None:
+        return "-"
+    return f"{'>=' if evidence.drift_bounded else ''}{evidence.max_drift_nats:.3g}"
 
 
 def _number(value: int | None) -> str:

@@ -29,6 +29,7 @@ from mooncake_operator.canary.expectations import (
     JsonValuesExclude,
     JsonValuesInclude,
 )
+from mooncake_operator.canary.urls import redact_url
 
 _CUSTOMER_REQUEST: dict[str, Any] = {
     "model": "MiniMaxAI/MiniMax-M2.5",
@@ -330,6 +331,7 @@ def suite_cost(suite: list[SuiteRequest]) -> SuiteCost:
 def vllm_token_counter(client: httpx.AsyncClient, base_url: str, *, timeout: float = 30.0) -> TokenCounter:
     """A TokenCounter backed by the replica's `/tokenize` (vLLM renders the chat template as for chat)."""
     url = base_url.rstrip("/") + TOKENIZE_PATH
+    shown = redact_url(url)  # every message names this one: credentials never leave in an error
 
     async def count(request: dict[str, Any]) -> TokenCount:
         body: dict[str, Any] = {"messages": request["messages"]}
@@ -343,14 +345,14 @@ def vllm_token_counter(client: httpx.AsyncClient, base_url: str, *, timeout: flo
                 async for chunk in response.aiter_bytes():
                     size += len(chunk)
                     if size > _TOKENIZE_MAX_BODY_BYTES:
-                        raise SuiteError(f"POST {url}: answer over {_TOKENIZE_MAX_BODY_BYTES} bytes")
+                        raise SuiteError(f"POST {shown}: answer over {_TOKENIZE_MAX_BODY_BYTES} bytes")
                     chunks.append(chunk)
         except httpx.HTTPError as error:
-            raise SuiteError(f"POST {url} failed: {type(error).__name__}: {error}") from None
+            raise SuiteError(f"POST {shown} failed: {type(error).__name__}: {error}") from None
         text = b"".join(chunks).decode("utf-8", "replace")
         if response.status_code != 200:
-            raise SuiteError(f"POST {url} answered {response.status_code}: {text[:300]}")
-        return parse_token_count(url, text)
+            raise SuiteError(f"POST {shown} answered {response.status_code}: {text[:300]}")
+        return parse_token_count(shown, text)
 
     return count
 

@@ -1,10 +1,12 @@
-"""The protocol: per ordered pair (writer, reader), a cold answer, a warm answer, and the reader's counters.
+"""The protocol: per ordered pair (writer, reader), a cold answer, a warm answer, and the evidence of both.
 
 For each pair, in order and never overlapping (overlap would blur whose traffic moved a counter):
 a fresh `cache_salt` (mixed into the first block's hash, so the writer is truly cold and the reader
-can only hit what the writer just stored); read the reader's counters; send the request to the
-writer; send the identical request to the reader; read the reader's counters again. The verdict is
-a pure function of what was measured (`judge_pair`), so it is tested without any server.
+can only hit what the writer just stored); read the writer's counters; send the request to the writer
+(cold); wait, bounded, until the writer reports store puts covering the prompt's full blocks; read the
+reader's counters; send the identical request to the reader (warm); read the reader's counters again;
+when the answers part at an otherwise benign divergence, have the writer decode the tokens they share.
+The verdict is a pure function of what was measured (`judge_pair`), so it is tested without any server.
 """
 
 from __future__ import annotations
@@ -12,32 +14,39 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from mooncake_operator.canary.client import CounterScrapeError, RetryPolicy, chat, scrape_counters
-from mooncake_operator.canary.divergence import judge_divergence, unjudged_divergence
-from mooncake_operator.canary.expectations import violations
-from mooncake_operator.canary.metrics import (
-    EXTERNAL_HITS,
-    SPEC_DECODE_DRAFT_TOKENS,
-    SPEC_DECODE_DRAFTS,
-    expected_external_hit_tokens,
+from mooncake_operator.canary.client import CounterScrapeError, RetryPolicy, chat, detokenize, scrape_counters
+from mooncake_operator.canary.compare import (
+    AnswerComparison,
+    compare_answers,
+    first_difference,
+    shared_tokens_to_decode,
 )
+from mooncake_operator.canary.evidence import (
+    cold_problems,
+    fallen_counters,
+    keys_needed,
+    load_proof,
+    put_wait_notes,
+)
+from mooncake_operator.canary.expectations import Expectation, answer_text, value_agnostic, violations
+from mooncake_operator.canary.metrics import expected_external_hit_tokens
 from mooncake_operator.canary.models import (
     CanaryConfig,
     CanaryResult,
     ChatAnswer,
-    Comparison,
-    ComparisonMode,
-    Divergence,
-    DivergenceKind,
     ErrorKind,
-    Mismatch,
     PairResult,
+    PutWait,
+    PutWaitOutcome,
     RunCost,
+    SharedText,
     StoreCounters,
     SuiteEntry,
     Verdict,
@@ -45,8 +54,21 @@ from mooncake_operator.canary.models import (
 )
 from mooncake_operator.canary.request import SuiteError, default_suite
 
-_CONTEXT_BEFORE = 20
-_CONTEXT_AFTER = 40
+__all__ = [
+    "AnswerComparison",
+    "PairMeasurement",
+    "compare_answers",
+    "first_difference",
+    "judge_pair",
+    "measure_pair",
+    "plan_pairs",
+    "run_canary",
+]
+
+# Polling the writer's counters while waiting for its puts: fast at first (a GPU put takes milliseconds),
+# then at most twice a second.
+_PUT_POLL_FIRST_S = 0.05
+_PUT_POLL_MAX_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -59,25 +81,44 @@ class PairMeasurement:
     cache_salt: str
     cold: ChatAnswer | None
     warm: ChatAnswer | None
+    # The reader's counters just before and after the warm request.
     before: StoreCounters | None
     after: StoreCounters | None
     metrics_error: CounterScrapeError | None
     wall_s: float
-    # The writer's counters around the pair: never decide a pass, only explain a reader that found
-    # nothing (e.g. the writer's store puts failed). None when they could not be read.
+    # The writer's counters before the cold request and after its puts were waited for; None when they
+    # could not be read (`writer_error` says why).
     writer_before: StoreCounters | None = None
     writer_after: StoreCounters | None = None
     # Which of the run's requests was sent (`CanaryConfig.requests()`); None: the config's own request.
     request: SuiteEntry | None = None
+    # The writer's counters right after the cold answer (the cold proof's window); None: writer_after.
+    writer_after_cold: StoreCounters | None = None
+    writer_error: str | None = None
+    put_wait: PutWait | None = None
+    # The text of the tokens both answers share before an otherwise benign divergence.
+    shared_text: SharedText | None = None
+    # Checks a request without expectations of its own must pass when its answer is complete (the
+    # default suite: the value-agnostic ones of the config's expectations).
+    complete_answer_checks: tuple[Expectation, ...] = ()
+    writer_metrics_reads: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    entry: SuiteEntry
+    complete_answer_checks: tuple[Expectation, ...] = ()
 
 
 async def run_canary(config: CanaryConfig, *, client: httpx.AsyncClient | None = None) -> CanaryResult:
     """Run every pair of `config` and judge them. Creates and closes its own client when none is given."""
     if client is not None:
-        return await _run(config, client)
-    # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
-    async with httpx.AsyncClient(trust_env=False) as own_client:
-        return await _run(config, own_client)
+        result = await _run(config, client)
+    else:
+        # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
+        async with httpx.AsyncClient(trust_env=False) as own_client:
+            result = await _run(config, own_client)
+    return without_secrets(result, config.replicas)
 
 
 def plan_pairs(replicas: list[str], mode: str) -> list[tuple[str, str]]:
@@ -106,11 +147,11 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
-    requests, suite_problem = await run_requests(config, client)
+    planned, suite_problem = await plan_requests(config, client)
     pairs = []
     index = 0
     for writer, reader in plan_pairs(config.replicas, config.pairs):
-        for entry in requests:
+        for item in planned:
             salt = new_cache_salt(run_id, index)
             evidence = await measure_pair(
                 client,
@@ -120,7 +161,8 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
                 reader=reader,
                 salt=salt,
                 retry=retry,
-                request=entry,
+                request=item.entry,
+                complete_answer_checks=item.complete_answer_checks,
             )
             # Judging scans two answers of up to the body cap: off the event loop, so the operator's
             # other work (health probes, other resources) goes on meanwhile.
@@ -142,7 +184,7 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
         block_size=config.block_size,
         eagle=config.eagle,
         comparison=config.comparison,
-        requests=[entry.name for entry in requests],
+        requests=[item.entry.name for item in planned],
         cost=run_cost(pairs),
         warnings=config_warnings(config),
         started_at=started_at,
@@ -154,14 +196,25 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
 async def run_requests(
     config: CanaryConfig, client: httpx.AsyncClient
 ) -> tuple[list[SuiteEntry], str | None]:
+    """The requests every pair runs (see `plan_requests`), without their answer checks."""
+    planned, problem = await plan_requests(config, client)
+    return [item.entry for item in planned], problem
+
+
+async def plan_requests(
+    config: CanaryConfig, client: httpx.AsyncClient
+) -> tuple[list[PlannedRequest], str | None]:
     """The requests every pair runs: the config's request, then its suite; and why the default suite
     could not be built (None when it was, or none was asked for). Without it the run is at best
-    Inconclusive: the block boundaries it would have covered are unproven."""
-    primary = config.primary_request()
+    Inconclusive: the block boundaries it would have covered are unproven. The default suite's padded
+    requests carry no expectations of their own: they are judged on their tokens, and by the config's
+    value-agnostic checks where their answer is complete (its budget is short: a reasoning model's ends
+    inside the reasoning, and is judged on tokens alone)."""
+    primary = PlannedRequest(config.primary_request())
     if config.suite == "off":
         return [primary], None
     if isinstance(config.suite, list):
-        return [primary, *config.suite], None
+        return [primary, *(PlannedRequest(entry) for entry in config.suite)], None
     assert config.block_size is not None  # CanaryConfig refuses the default suite without it
     try:
         built = await default_suite(
@@ -177,9 +230,13 @@ async def run_requests(
             f"the default block-boundary suite could not be built ({error}); only the request ran "
             "(supply your own suite, or turn it off: spec.canary.suite [] / --no-suite)"
         )
+    checks = tuple(value_agnostic(config.expectations))
     # The suite's first request is the config's own (with its expectations): keep ours, add the rest.
     extra = [
-        SuiteEntry(name=item.name, request=item.request, expectations=item.expectations)
+        PlannedRequest(
+            SuiteEntry(name=item.name, request=item.request, expectations=item.expectations),
+            complete_answer_checks=checks if item.expectations is None else (),
+        )
         for item in built
         if item.request != config.request
     ]
@@ -197,6 +254,9 @@ def run_cost(pairs: list[PairResult]) -> RunCost:
     return RunCost(
         chat_requests=len(answers),
         metrics_reads=reads,
+        writer_metrics_reads=sum(pair.writer_metrics_reads for pair in pairs),
+        detokenize_requests=sum(pair.shared_text is not None for pair in pairs),
+        put_wait_s=sum(pair.put_wait.waited_s for pair in pairs if pair.put_wait is not None),
         prompt_tokens=sum(answer.prompt_tokens or 0 for answer in answers),
         completion_tokens=sum(answer.completion_tokens or 0 for answer in answers),
     )
@@ -212,26 +272,50 @@ async def measure_pair(
     salt: str,
     retry: RetryPolicy | None = None,
     request: SuiteEntry | None = None,
+    complete_answer_checks: tuple[Expectation, ...] = (),
 ) -> PairMeasurement:
-    """One pair as the canary measures it: reader's counters, cold on the writer, warm on the reader,
-    reader's counters again. Judge it with `judge_pair`. `request`: which request (default: the
-    config's own)."""
+    """One pair as the canary measures it (the module's docstring). Judge it with `judge_pair`.
+    `request`: which request (default: the config's own)."""
     if retry is None:
         retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
     entry = request or config.primary_request()
     model = entry.request.get("model") if isinstance(entry.request.get("model"), str) else None
     started = time.perf_counter()
-    before, metrics_error = await _scrape(client, reader, config, retry, model)
-    writer_before, _ = await _scrape(client, writer, config, retry, model)
-    cold = await _chat(client, writer, config, retry, salt, entry)
-    warm = after = writer_after = None
+    writer_before, writer_scrape_error = await _scrape(client, writer, config, retry, model)
+    writer_error = writer_scrape_error.message if writer_scrape_error is not None else None
+    writer_reads = 1
+    cold = await send_chat(client, writer, config, salt=salt, request=entry, retry=retry)
+    warm = before = after = metrics_error = writer_after_cold = writer_after = put_wait = shared_text = None
     if cold.ok:
-        warm = await _chat(client, reader, config, retry, salt, entry)
+        wait = await wait_for_puts(
+            client,
+            writer,
+            config,
+            retry,
+            model,
+            writer_before,
+            keys_needed(cold.prompt_tokens, config.block_size),
+        )
+        put_wait, writer_after_cold, writer_after = wait.put_wait, wait.first, wait.last
+        writer_reads += wait.put_wait.polls
+        writer_error = writer_error or wait.error
+        before, metrics_error = await _scrape(client, reader, config, retry, model)
+        warm = await send_chat(client, reader, config, salt=salt, request=entry, retry=retry)
         # An unresponsive reader would only make the second scrape wait out its timeout too.
         if before is not None and warm.error_kind not in (ErrorKind.CONNECTION, ErrorKind.TIMEOUT):
             after, metrics_error = await _scrape(client, reader, config, retry, model)
-        if writer_before is not None:
-            writer_after, _ = await _scrape(client, writer, config, retry, model)
+        if warm.ok:
+            tokens = shared_tokens_to_decode(cold, warm, config.comparison)
+            if tokens is not None:
+                shared_text = await detokenize(
+                    client,
+                    writer,
+                    tokens,
+                    model=model,
+                    timeout=config.request_timeout_s,
+                    retry=retry,
+                    connect_timeout=config.connect_timeout_s,
+                )
     return PairMeasurement(
         index=index,
         writer=redact_url(writer),
@@ -246,38 +330,116 @@ async def measure_pair(
         writer_before=writer_before,
         writer_after=writer_after,
         request=request,
+        writer_after_cold=writer_after_cold,
+        writer_error=writer_error,
+        put_wait=put_wait,
+        shared_text=shared_text,
+        complete_answer_checks=complete_answer_checks,
+        writer_metrics_reads=writer_reads,
     )
 
 
-async def _chat(
+async def send_chat(
     client: httpx.AsyncClient,
     url: str,
     config: CanaryConfig,
-    retry: RetryPolicy,
+    *,
     salt: str,
-    entry: SuiteEntry,
+    request: SuiteEntry | None = None,
+    retry: RetryPolicy | None = None,
 ) -> ChatAnswer:
-    logprobs = config.comparison.mode is ComparisonMode.LOGPROBS
+    """One chat request as the canary sends it: the entry's body (default: the config's request), the
+    salt, logprobs by token id with `comparison.top_k` alternatives (both modes), the config's limits."""
+    entry = request or config.primary_request()
     return await chat(
         client,
         url,
         entry.request,
         cache_salt=salt,
         timeout=config.request_timeout_s,
-        retry=retry,
+        retry=retry or RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s),
         connect_timeout=config.connect_timeout_s,
         max_body_bytes=config.max_chat_body_bytes,
-        top_logprobs=config.comparison.top_k if logprobs else None,
+        top_logprobs=config.comparison.top_k,
     )
 
 
+@dataclass(frozen=True)
+class PutWaitResult:
+    put_wait: PutWait
+    first: StoreCounters | None = None  # the first read after the cold answer
+    last: StoreCounters | None = None  # the last one
+    error: str | None = None
+
+
+async def wait_for_puts(
+    client: httpx.AsyncClient,
+    writer: str,
+    config: CanaryConfig,
+    retry: RetryPolicy,
+    model: str | None,
+    before: StoreCounters | None,
+    needed: int | None,
+) -> PutWaitResult:
+    """Read the writer's counters until its `save_put` keys (ok) rose by `needed` (None: by one), a put
+    failed, or `config.put_wait_s` passed. The connector stores blocks from a sending thread no request
+    waits for, so the warm request, sent at once, could miss what the writer is still storing. Reads at
+    least once (the cold proof's window); waits not at all when the writer's counters cannot be read or
+    declare no Mooncake store (nothing to wait on: the reader's evidence decides)."""
+    started = time.perf_counter()
+    first = last = None
+    polls = 0
+    interval = _PUT_POLL_FIRST_S
+
+    def done(outcome: PutWaitOutcome, error: str | None = None) -> PutWaitResult:
+        rose = last.delta(before) if last is not None and before is not None else None
+        return PutWaitResult(
+            PutWait(
+                outcome=outcome,
+                waited_s=time.perf_counter() - started,
+                polls=polls,
+                keys_needed=needed,
+                keys_reported=rose.save_put_ok_keys if rose is not None else None,
+                failed_keys=rose.store_failed_keys_by_operation.get("save_put") if rose is not None else None,
+            ),
+            first,
+            last,
+            error,
+        )
+
+    while True:
+        counters, error = await _scrape(client, writer, config, retry, model)
+        polls += 1
+        if counters is None:
+            assert error is not None
+            return done(PutWaitOutcome.UNAVAILABLE, error.message)
+        first = first or counters
+        last = counters
+        if before is None:
+            return done(PutWaitOutcome.UNAVAILABLE, "could not be read before the cold request")
+        if config.put_wait_s == 0:
+            return done(PutWaitOutcome.OFF)
+        if not counters.store_metrics_declared:
+            return done(PutWaitOutcome.NO_STORE_METRICS)
+        rose = counters.delta(before)
+        if rose.store_failed_keys_by_operation.get("save_put"):
+            return done(PutWaitOutcome.FAILED)
+        if rose.save_put_ok_keys >= (needed if needed is not None else 1):
+            return done(PutWaitOutcome.COVERED)
+        remaining = config.put_wait_s - (time.perf_counter() - started)
+        if remaining <= 0:
+            return done(PutWaitOutcome.TIMEOUT)
+        await asyncio.sleep(min(interval, remaining))
+        interval = min(interval * 2, _PUT_POLL_MAX_S)
+
+
 async def _scrape(
-    client: httpx.AsyncClient, reader: str, config: CanaryConfig, retry: RetryPolicy, model: str | None
+    client: httpx.AsyncClient, url: str, config: CanaryConfig, retry: RetryPolicy, model: str | None
 ) -> tuple[StoreCounters | None, CounterScrapeError | None]:
     try:
         counters = await scrape_counters(
             client,
-            reader,
+            url,
             timeout=config.metrics_timeout_s,
             retry=retry,
             connect_timeout=config.connect_timeout_s,
@@ -290,10 +452,12 @@ async def _scrape(
 
 
 def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
-    """Failed on any wrong or missing answer; Inconclusive when the warm path is not proven; else Passed."""
+    """Failed on any wrong or missing answer; Inconclusive when the warm path, the cold reference or the
+    comparison is not proven; else Passed."""
     cold, warm = evidence.cold, evidence.warm
     failures: list[str] = []
-    unproven: list[str] = []
+    unproven: list[str] = []  # the comparison, the cold reference, content not judged, connections
+    load_unproven: list[str] = []  # the reader's load alone
     notes: list[str] = []
     connection_error = None
 
@@ -312,25 +476,20 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
         notes.append("warm request not sent: the cold request gave no answer to compare with")
 
     entry = evidence.request or config.primary_request()
-    mismatch = divergence = None
-    answers_equal = None
+    comparison = None
     if cold is not None and warm is not None and cold.ok and warm.ok:
-        comparison = compare_answers(cold, warm, config.comparison)
-        mismatch, divergence = comparison.mismatch, comparison.divergence
-        answers_equal = not comparison.failures and not comparison.unjudged and divergence is None
+        comparison = compare_answers(cold, warm, config.comparison, evidence.shared_text)
         failures.extend(comparison.failures)
         unproven.extend(comparison.unjudged)
         notes.extend(comparison.notes)
     failures.extend(model_problems(entry.request.get("model"), cold, warm))
 
     # On both answers, whatever the comparison said: a benign divergence never excuses wrong content.
-    expectation_violations = [
-        f"{role} answer: {problem}"
-        for role, answer in (("cold", cold), ("warm", warm))
-        if answer is not None and answer.ok and answer.text is not None
-        for problem in violations(entry.expectations or [], answer.text)
-    ]
+    expectation_violations, unjudged_content = content_problems(
+        entry, evidence.complete_answer_checks, cold, warm
+    )
     failures.extend(expectation_violations)
+    unproven.extend(unjudged_content)
 
     prompt_tokens = cold.prompt_tokens if cold is not None else None
     expected = expected_hit_for(config, prompt_tokens)
@@ -338,38 +497,49 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     fallen = fallen_counters(evidence.before, evidence.after) if evidence.after and evidence.before else ""
     if warm is not None and delta is not None and not fallen:
         failures = [_with_store_load_failure(reason, warm, delta) for reason in failures]
+    hit_evidence = None
+    if cold is not None and cold.ok and warm is not None:
+        unproven.extend(_cold_reference(evidence))
     if warm is not None and warm.ok:
         if evidence.metrics_error is not None:
             if evidence.metrics_error.kind is ErrorKind.CONNECTION:
                 connection_error = connection_error or evidence.metrics_error.message
-            unproven.append(f"reader's counters unavailable: {evidence.metrics_error.message}")
+            load_unproven.append(f"reader's counters unavailable: {evidence.metrics_error.message}")
         elif fallen:
-            unproven.append(
+            load_unproven.append(
                 f"reader's counters went down between the reads ({fallen}): the replica restarted "
                 "during the pair, so its rise is no evidence"
             )
-        elif delta is not None:
+        elif delta is not None and evidence.after is not None:
             if config.block_size is not None and prompt_tokens is None:
-                unproven.append(
+                load_unproven.append(
                     "the cold answer has no usage.prompt_tokens: the exact hit demanded by the block size "
                     "cannot be computed (a vLLM OpenAI server always sends usage; a proxy dropped it?)"
                 )
-            unproven.extend(hit_problems(delta, expected, cold, warm))
-            notes.extend(hit_notes(delta, expected, config.block_size))
-            if config.eagle:
-                unproven.extend(spec_decode_problems(delta))
+            proof = load_proof(
+                warm, delta, evidence.after, expected, eagle=config.eagle, block_size=config.block_size
+            )
+            load_unproven.extend(proof.unproven)
+            notes.extend(proof.notes)
+            hit_evidence = proof.source if not load_unproven else None
     writer_delta = _writer_delta(evidence)
-    if writer_delta is not None and unproven:
-        unproven.extend(writer_save_notes(writer_delta))  # after the reader's reason: it explains it
+    if load_unproven:
+        load_unproven.extend(put_wait_notes(evidence.put_wait, writer_delta))  # explains the reader's miss
+    elif evidence.put_wait is not None and evidence.put_wait.outcome is PutWaitOutcome.TIMEOUT:
+        notes.append(
+            "the writer's puts were not all reported in time, yet the reader loaded the prefix: "
+            + evidence.put_wait.describe()
+        )
 
-    verdict = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if unproven else Verdict.PASSED
+    reasons = failures + unproven + load_unproven
+    verdict = Verdict.FAILED if failures else Verdict.INCONCLUSIVE if reasons else Verdict.PASSED
     return PairResult(
         index=evidence.index,
         writer=evidence.writer,
         reader=evidence.reader,
         cache_salt=evidence.cache_salt,
         verdict=verdict,
-        reasons=failures + unproven,
+        reasons=reasons,
         notes=notes,
         cold=cold,
         warm=warm,
@@ -382,89 +552,74 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
         external_hit_tokens=delta.external_hit_tokens if delta else None,
         expected_external_hit_tokens=expected,
         load_get_keys=delta.store_keys_by_operation.get("load_get") if delta else None,
-        answers_equal=answers_equal,
-        mismatch=mismatch,
-        divergence=divergence,
+        answers_equal=comparison.proven_equal if comparison is not None else None,
+        mismatch=comparison.mismatch if comparison is not None else None,
+        divergence=comparison.divergence if comparison is not None else None,
+        logprob_evidence=comparison.evidence if comparison is not None else None,
+        shared_text=evidence.shared_text,
+        put_wait=evidence.put_wait,
+        hit_evidence=hit_evidence,
+        only_load_unproven=verdict is Verdict.INCONCLUSIVE and not unproven,
         request_name=entry.name,
         expectation_violations=expectation_violations,
         connection_error=connection_error,
         wall_s=evidence.wall_s,
         request_latency_s=_request_latency(evidence),
+        writer_metrics_reads=evidence.writer_metrics_reads,
     )
 
 
-@dataclass(frozen=True)
-class AnswerComparison:
-    """What comparing a warm answer with the cold one found."""
-
-    mismatch: Mismatch | None = None  # first differing character of the texts
-    divergence: Divergence | None = None  # first differing token, judged (logprobs mode)
-    failures: list[str] = field(default_factory=list)
-    unjudged: list[str] = field(default_factory=list)  # differences without evidence: Inconclusive
-    notes: list[str] = field(default_factory=list)
-
-
-def compare_answers(
-    cold: ChatAnswer, warm: ChatAnswer, comparison: Comparison | None = None
-) -> AnswerComparison:
-    """Exact: the texts (and reasoning) must be equal. Logprobs: identical tokens pass as in exact; at
-    the first divergence the two distributions decide (`judge_divergence`): benign passes with a note,
-    corruption fails, and differing answers without logprobs cannot be judged (Inconclusive)."""
-    comparison = comparison or Comparison()
-    failures: list[str] = []
+def content_problems(
+    entry: SuiteEntry,
+    complete_checks: tuple[Expectation, ...],
+    cold: ChatAnswer | None,
+    warm: ChatAnswer | None,
+) -> tuple[list[str], list[str]]:
+    """(violations, why content was not judged) of both answers. The request's expectations judge the
+    answer after any reasoning; an answer cut at its token budget (finish_reason length) never reached
+    its end, so its checks cannot be judged (Inconclusive, never a false Failed). A request without
+    expectations of its own is judged by `complete_checks` where its answer is complete, else on its
+    tokens alone."""
+    violations_found: list[str] = []
     unjudged: list[str] = []
-    notes: list[str] = []
-    cold_text, warm_text = cold.text or "", warm.text or ""
-    mismatch = None
-    position = first_difference(cold_text, warm_text)
-    if position is not None:
-        mismatch = Mismatch(
-            position=position, cold=_context(cold_text, position), warm=_context(warm_text, position)
-        )
-    text_problems = []
-    if mismatch is not None:
-        text_problems.append(
-            f"warm answer differs from the cold one at character {mismatch.position}: "
-            f"cold {mismatch.cold!r}, warm {mismatch.warm!r}"
-        )
-    if cold.reasoning != warm.reasoning:
-        reasoning_position = first_difference(cold.reasoning or "", warm.reasoning or "")
-        text_problems.append(f"warm reasoning differs from the cold one at character {reasoning_position}")
-    divergence = None
-    if comparison.mode is ComparisonMode.EXACT:
-        failures.extend(text_problems)
-    elif cold.logprobs is None or warm.logprobs is None:
-        missing = " and ".join(
-            role for role, answer in (("cold", cold), ("warm", warm)) if answer.logprobs is None
-        )
-        if text_problems:
-            divergence = unjudged_divergence(comparison, missing=f"{missing} answer")
-            unjudged.append(
-                f"{text_problems[0]}; the {missing} answer sent no logprobs, so whether it is benign "
-                "cannot be judged (a proxy that strips them? comparison mode exact demands equal text)"
-            )
+    checks: list[Expectation] = list(entry.expectations or [])
+    own = bool(checks)
+    if not own:
+        checks = list(complete_checks)
+    if not checks:
+        return [], []
+    for role, answer in (("cold", cold), ("warm", warm)):
+        if answer is None or not answer.ok:
+            continue
+        if answer.truncated:
+            if own:
+                unjudged.append(
+                    f"the {role} answer stopped at its token budget (finish_reason length) before it ended: "
+                    "its content checks cannot be judged (raise the request's max_tokens; a reasoning model "
+                    "needs room for its reasoning and the answer)"
+                )
+            continue
+        violations_found += [
+            f"{role} answer: {problem}"
+            for problem in violations(checks, answer_text(answer.text, answer.reasoning))
+        ]
+    return violations_found, unjudged
+
+
+def _cold_reference(evidence: PairMeasurement) -> list[str]:
+    cold = evidence.cold
+    assert cold is not None
+    before = evidence.writer_before
+    after = evidence.writer_after_cold or evidence.writer_after
+    delta = None
+    unavailable = f"could not be read ({evidence.writer_error})" if evidence.writer_error else "were not read"
+    if before is not None and after is not None:
+        fallen = fallen_counters(before, after)
+        if fallen:
+            unavailable = f"went down ({fallen}): the writer restarted"
         else:
-            notes.append(
-                f"the {missing} answer sent no logprobs (the answers are equal, so none were needed)"
-            )
-    else:
-        divergence = judge_divergence(cold.logprobs, warm.logprobs, comparison)
-        if divergence is None:
-            # Identical tokens: the texts must be identical too.
-            failures.extend(f"{problem} although the tokens are identical" for problem in text_problems)
-        elif divergence.kind is DivergenceKind.BENIGN:
-            notes.append(f"passed over a {divergence.describe()}")
-        else:
-            failures.append(
-                f"warm answer diverges from the cold one: {divergence.describe()}; not benign: "
-                + "; ".join(divergence.reasons)
-            )
-    if cold.prompt_tokens != warm.prompt_tokens:
-        failures.append(
-            f"the replicas counted different prompt tokens (cold {cold.prompt_tokens}, warm "
-            f"{warm.prompt_tokens}): they do not tokenize the request alike"
-        )
-    return AnswerComparison(mismatch, divergence, failures, unjudged, notes)
+            delta = after.delta(before)
+    return cold_problems(cold, delta, after if delta is not None else None, unavailable)
 
 
 def model_problems(asked: object, cold: ChatAnswer | None, warm: ChatAnswer | None) -> list[str]:
@@ -478,105 +633,6 @@ def model_problems(asked: object, cold: ChatAnswer | None, warm: ChatAnswer | No
     ]
 
 
-def fallen_counters(before: StoreCounters, after: StoreCounters) -> str:
-    """Which counters are lower in the later reading ("" when none): counters only fall on a restart."""
-    fallen = []
-    for name in ("external_hit_tokens", "external_query_tokens", "local_hit_tokens"):
-        earlier, later = getattr(before, name), getattr(after, name)
-        if earlier is not None and later is not None and later < earlier:
-            fallen.append(f"{name} {earlier} -> {later}")
-    for name in ("prompt_tokens_by_source", "store_keys_by_operation", "store_failed_keys_by_operation"):
-        earlier_map, later_map = getattr(before, name), getattr(after, name)
-        fallen += [
-            f"{name}[{key}] {value} -> {later_map.get(key, 0)}"
-            for key, value in earlier_map.items()
-            if later_map.get(key, 0) < value
-        ]
-    return ", ".join(fallen)
-
-
-def hit_problems(
-    delta: StoreCounters, expected: int | None, cold: ChatAnswer | None, warm: ChatAnswer
-) -> list[str]:
-    """Why the counters do not prove the warm answer was computed from the writer's stored prefix."""
-    hit = delta.external_hit_tokens or 0
-    problems = []
-    if hit <= 0:
-        problems.append(
-            f"reader's {EXTERNAL_HITS} did not rise: the warm answer was computed, not loaded from the "
-            "store (KV connector on both replicas, same model, block size and PYTHONHASHSEED?)"
-        )
-    elif expected is not None and hit < expected:
-        problems.append(
-            f"reader loaded {hit} tokens from the store, expected {expected}: "
-            "the warm path did not cover the whole stored prefix"
-        )
-    cached = warm.cached_tokens
-    if cached is not None and hit > 0 and cached == 0:
-        problems.append(
-            f"the warm answer reports 0 cached prompt tokens although the counter rose by {hit}: "
-            "the rise came from other traffic"
-        )
-    elif cached is not None and expected is not None and cached < expected <= hit:
-        problems.append(
-            f"the warm answer reports {cached} cached prompt tokens, expected {expected}: "
-            "other traffic made up the counter's rise"
-        )
-    if cold is not None and cold.cached_tokens:
-        problems.append(
-            f"the cold answer reports {cold.cached_tokens} cached prompt tokens despite a fresh "
-            "cache_salt: it was not cold (does the engine honour cache_salt?)"
-        )
-    return problems
-
-
-def hit_notes(delta: StoreCounters, expected: int | None, block_size: int | None) -> list[str]:
-    """Evidence worth showing that does not decide the verdict."""
-    hit = delta.external_hit_tokens or 0
-    notes = []
-    if expected is not None and hit > expected:
-        notes.append(f"external hits rose by {hit}, more than the {expected} expected (other traffic)")
-    if delta.local_hit_tokens:
-        notes.append(f"reader's local prefix cache hits rose by {delta.local_hit_tokens} tokens")
-    load_get = delta.store_keys_by_operation.get("load_get")
-    if block_size is not None and load_get is not None and hit > 0 and load_get * block_size < hit:
-        notes.append(
-            f"connector loaded {load_get} blocks ({load_get * block_size} tokens) but the scheduler "
-            f"counted {hit} tokens ({hit // block_size} blocks) as loaded: the double-prune signature "
-            "of vLLM PR #43516 (key counts can also scale with tensor-parallel shards)"
-        )
-    failed_keys = delta.store_failed_keys_by_operation.get("load_get")
-    if failed_keys:
-        notes.append(f"{failed_keys} store keys failed to load on the reader")
-    return notes
-
-
-SPEC_DECODE_SERIES = (
-    ("spec_decode_drafts", SPEC_DECODE_DRAFTS),
-    ("spec_decode_draft_tokens", SPEC_DECODE_DRAFT_TOKENS),
-)
-
-
-def spec_decode_problems(delta: StoreCounters) -> list[str]:
-    """With Eagle configured: why the counters do not prove the drafter ran over the warm request.
-
-    Drafts and draft tokens must rise; accepted tokens may not (every draft can be rejected)."""
-    problems = []
-    for attribute, name in SPEC_DECODE_SERIES:
-        rise = getattr(delta, attribute)
-        if rise is None:
-            problems.append(
-                f"reader's metrics have no {name}: Eagle is configured but the reader serves without "
-                "speculative decoding (its --speculative-config?)"
-            )
-        elif rise <= 0:
-            problems.append(
-                f"reader's {name} did not rise over the warm request: the Eagle path did not run "
-                "(speculative decoding off for this request?)"
-            )
-    return problems
-
-
 def _writer_delta(evidence: PairMeasurement) -> StoreCounters | None:
     before, after = evidence.writer_before, evidence.writer_after
     if before is None or after is None or fallen_counters(before, after):
@@ -584,26 +640,39 @@ def _writer_delta(evidence: PairMeasurement) -> StoreCounters | None:
     return after.delta(before)
 
 
-def writer_save_notes(writer_delta: StoreCounters) -> list[str]:
-    """Why the reader may have found nothing: what the writer's own store saves reported for the pair.
+def without_secrets(result: CanaryResult, urls: list[str]) -> CanaryResult:
+    """`result` with every replica URL's credentials replaced by `***`, wherever a message quoted them
+    (an error that echoed a URL, a body that echoed a request): the last guard after each message
+    redacted its own URL."""
+    secrets = sorted(_userinfo_forms(urls), key=len, reverse=True)
+    if not secrets:
+        return result
 
-    vLLM's connector reports a save when its put returns, with the writer's next engine step; a put
-    still running when the reader asked is not counted yet, hence "reported" below.
-    """
-    put = writer_delta.store_keys_by_operation.get("save_put", 0)
-    failed = writer_delta.store_failed_keys_by_operation.get("save_put", 0)
-    if failed:
-        return [
-            f"the writer's store rejected {failed} of the {put} keys it tried to save (save_put "
-            "failures, vllm:mooncake_store_operation_failed_keys_total): the prefix did not fully "
-            "reach the store; the writer's log says why"
-        ]
-    if put == 0:
-        return [
-            "the writer reported no store put for this pair by the time the reader was asked "
-            "(still running, skipped, or its KV connector does not save)"
-        ]
-    return []
+    def scrub(value: Any) -> Any:
+        if isinstance(value, str):
+            for secret in secrets:
+                value = value.replace(secret, "***")
+            return value
+        if isinstance(value, dict):
+            return {key: scrub(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [scrub(item) for item in value]
+        return value
+
+    return CanaryResult.model_validate(scrub(result.model_dump(mode="python")))
+
+
+def _userinfo_forms(urls: list[str]) -> set[str]:
+    """Each URL's `user:password` and password, as written and percent-decoded (never empty)."""
+    forms: set[str] = set()
+    for url in urls:
+        parts = urlsplit(url)
+        if "@" not in parts.netloc:
+            continue
+        userinfo = parts.netloc.rpartition("@")[0]
+        password = userinfo.partition(":")[2]
+        forms.update(form for form in (userinfo, unquote(userinfo), password, unquote(password)) if form)
+    return forms
 
 
 def summarize(pairs: list[PairResult]) -> tuple[Verdict, str]:
@@ -642,27 +711,6 @@ def config_warnings(config: CanaryConfig) -> list[str]:
             "answers may differ without any cache fault"
         )
     return warnings
-
-
-def first_difference(first: str, second: str) -> int | None:
-    """Index of the first character where the texts differ (or the shorter one ends); None if equal."""
-    if first == second:
-        return None
-    shorter = min(len(first), len(second))
-    # Compare blocks in C first, then characters within the first block that differs: linear and fast.
-    block = 4096
-    start = 0
-    while start < shorter and first[start : start + block] == second[start : start + block]:
-        start += block
-    for index in range(start, min(start + block, shorter)):
-        if first[index] != second[index]:
-            return index
-    return shorter
-
-
-def _context(text: str, position: int) -> str:
-    start = max(0, position - _CONTEXT_BEFORE)
-    return text[start : position + _CONTEXT_AFTER]
 
 
 def _with_store_load_failure(reason: str, warm: ChatAnswer, delta: StoreCounters) -> str:

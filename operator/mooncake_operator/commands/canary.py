@@ -16,6 +16,7 @@ from mooncake_operator.canary_defaults import (
     DEFAULT_MAX_DRIFT_NATS,
     DEFAULT_MAX_METRICS_BODY_BYTES,
     DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_PUT_WAIT_S,
     DEFAULT_TOP_K,
 )
 from mooncake_operator.commands.verdict_parser import VerdictCommandParser
@@ -32,15 +33,20 @@ if TYPE_CHECKING:
 
 DESCRIPTION = """\
 For each ordered pair of replicas (writer, reader) the canary picks a fresh cache_salt, reads the
-reader's Prometheus counters, sends the request to the writer (cold: it computes the prompt and
-stores its KV blocks), sends the identical request to the reader (warm: it should load the prefix
-from the shared store), and reads the reader's counters again.
+writer's Prometheus counters, sends the request to the writer (cold: it computes the prompt and
+stores its KV blocks), waits (--put-wait) until the writer reports store puts covering the prompt,
+reads the reader's counters, sends the identical request to the reader (warm: it should load the
+prefix from the shared store), and reads the reader's counters again.
 
-A pair passes only when both answers are HTTP 200 chat completions, the warm answer's tokens equal
-the cold one's or part from them at a benign near tie (both answers' logprobs decide; reported),
-every expectation holds on both, the reader's vllm:external_prefix_cache_hits_total rose (by the
-expected hit, with --block-size) and, with --eagle, its vllm:spec_decode_num_drafts_total too. No
-rise means the warm path never ran: Inconclusive. With --block-size each pair also runs the default
+A pair passes only when both answers are HTTP 200 chat completions, the warm answer's token ids equal
+the cold one's or part from them at a benign near tie, with the same distributions at every shared
+position and the same text up to the divergence (both answers' logprobs by token id decide;
+reported), every expectation holds on both, the cold answer was computed cold, and the warm one was
+loaded from the store: by its own usage.prompt_tokens_details.cached_tokens (vLLM's
+--enable-prompt-tokens-details; else the reader's vllm:external_prefix_cache_hits_total, when the
+reader served nothing else meanwhile), covering the expected hit with --block-size, without failed
+store loads, and with --eagle drafting (metrics.speculative_decoding, else the counters). What is not
+proven is Inconclusive, with its cause. With --block-size each pair also runs the default
 block-boundary suite (prompts ending on, one past and one short of a block boundary, and one of many
 blocks, padded with the replicas' own /tokenize); --suite FILE runs yours, --no-suite none.
 
@@ -186,6 +192,13 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help=f"cap on one metrics page, decoded (default {DEFAULT_MAX_METRICS_BODY_BYTES}; with "
         "--resource: its spec.canary.maxMetricsBodyBytes when set)",
+    )
+    parser.add_argument(
+        "--put-wait",
+        type=float,
+        metavar="S",
+        help="after the cold answer, wait at most S seconds for the writer to report store puts covering "
+        f"the prompt's full blocks before the warm request (default {DEFAULT_PUT_WAIT_S:g}; 0: not at all)",
     )
     parser.add_argument(
         "--retries",
@@ -385,6 +398,7 @@ def how_options(args: argparse.Namespace) -> dict[str, Any]:
         "max_chat_body_bytes": args.max_chat_bytes,
         "max_metrics_body_bytes": args.max_metrics_bytes,
         "connect_retries": args.retries,
+        "put_wait_s": args.put_wait,
     }
     return {key: value for key, value in given.items() if value is not None}
 
