@@ -48,6 +48,7 @@ def test_counters_are_summed_over_label_sets() -> None:
         prompt_tokens_by_source={"external_kv_transfer": 128, "local_compute": 57},
         store_keys_by_operation={"load_get": 4, "save_put": 5},
         store_failed_keys_by_operation={"load_get": 1},
+        store_metrics_declared=True,
     )
 
 

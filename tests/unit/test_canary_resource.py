@@ -198,7 +198,7 @@ def test_how_flags_override_the_resource_only_when_given() -> None:
     assert changed.model_copy(update={"request_timeout_s": 300.0, "connect_retries": 3}) == planned.config
 
 
-def unproven_run() -> CanaryResult:
+def unproven_run(*, only_load_unproven: bool = True) -> CanaryResult:
     urls = ["http://a:1", "http://b:1"]
     pair = PairResult(
         index=0,
@@ -208,6 +208,7 @@ def unproven_run() -> CanaryResult:
         verdict=Verdict.INCONCLUSIVE,
         reasons=["no external hit"],
         answers_equal=True,
+        only_load_unproven=only_load_unproven,
     )
     return CanaryResult(
         run_id="r",
@@ -230,6 +231,13 @@ def test_the_exit_status_follows_the_operators_effective_verdict() -> None:
     assert passed.verdict is Verdict.PASSED
     assert passed.exit_code == ExitCode.PASSED
     assert passed.reason.startswith("passed without a proven external hit (requireExternalHit: false)")
+
+
+def test_requiring_no_external_hit_never_passes_an_unproven_reference_or_comparison() -> None:
+    """requireExternalHit: false forgives the reader's load only: a cold answer not shown to be cold, or
+    content that could not be judged, stays Inconclusive."""
+    run = unproven_run(only_load_unproven=False)
+    assert effective_result(run, require_external_hit=False).verdict is Verdict.INCONCLUSIVE
 
 
 # --- the command line ----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -11,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import ValidationError
-from tests.support.fake_vllm import CORRECT_ANSWER, PARAPHRASE, FakeCluster, Mode
+from tests.support.canary_evidence import measurement as _evidence
+from tests.support.fake_vllm import CORRECT_ANSWER, PARAPHRASE, FakeCluster, Mode, answer_logprobs
 
 from mooncake_operator.canary import (
     CanaryConfig,
@@ -32,9 +34,6 @@ from mooncake_operator.canary.runner import PairMeasurement
 pytestmark = pytest.mark.unit
 
 EAGLE_32: dict[str, Any] = {"block_size": 32, "eagle": True}
-# The reader's spec-decode counters around a warm request with Eagle: the drafter ran.
-_SPEC_BEFORE: dict[str, Any] = {"spec_decode_drafts": 0, "spec_decode_draft_tokens": 0}
-_SPEC_AFTER: dict[str, Any] = {"spec_decode_drafts": 6, "spec_decode_draft_tokens": 18}
 
 
 async def canary(cluster: FakeCluster, **options: Any) -> CanaryResult:
@@ -150,15 +149,18 @@ def test_a_reader_that_found_nothing_is_explained_by_the_writers_saves(
         store_keys_by_operation={"save_put": 10 + put},
         store_failed_keys_by_operation={"save_put": failed},
     )
+    healthy = _evidence(warm_cached=0)
+    assert healthy.after is not None
     evidence = replace(
-        _evidence(),
-        after=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}, **_SPEC_AFTER),
+        healthy,
+        after=healthy.after.model_copy(update={"external_hit_tokens": 0, "store_keys_by_operation": {}}),
         writer_before=writer_before,
         writer_after=writer_after,
+        put_wait=None,
     )
     pair = judge_pair(evidence, CanaryConfig(replicas=["http://a:1", "http://b:1"], **EAGLE_32))
     assert pair.verdict is Verdict.INCONCLUSIVE
-    assert "did not rise" in pair.reasons[0]
+    assert "the warm answer reports 0 cached prompt tokens" in pair.reasons[0]
     assert reason in pair.reasons[1]
     assert pair.writer_counters_delta is not None
     assert pair.writer_counters_delta.store_failed_keys_by_operation.get("save_put", 0) == failed
@@ -184,7 +186,9 @@ async def test_a_warm_path_that_never_loads_is_inconclusive_never_passed() -> No
     assert result.exit_code == ExitCode.INCONCLUSIVE
     assert result.pairs[0].verdict is Verdict.INCONCLUSIVE
     assert result.pairs[0].answers_equal is True
-    assert "vllm:external_prefix_cache_hits_total did not rise" in result.pairs[0].reasons[0]
+    assert "the warm answer reports 0 cached prompt tokens" in result.pairs[0].reasons[0]
+    assert "computed, not loaded from the store" in result.pairs[0].reasons[0]
+    assert result.pairs[0].only_load_unproven is True
     assert result.pairs[1].verdict is Verdict.PASSED
 
 
@@ -341,11 +345,13 @@ async def test_a_smaller_hit_than_expected_is_inconclusive_a_larger_one_a_note()
         )
     assert short.verdict is Verdict.INCONCLUSIVE
     assert short.pairs[0].reasons == [
-        "reader loaded 128 tokens from the store, expected 160: "
+        "the warm answer reports 128 cached prompt tokens, expected 160: "
         "the warm path did not cover the whole stored prefix"
     ]
     assert long.verdict is Verdict.PASSED
-    assert long.pairs[0].notes == ["external hits rose by 128, more than the 96 expected (other traffic)"]
+    assert long.pairs[0].notes == [
+        "the warm answer reports 128 cached prompt tokens, more than the 96 expected"
+    ]
 
 
 async def test_without_block_size_any_rise_counts() -> None:
@@ -360,7 +366,12 @@ async def test_an_engine_that_ignores_cache_salt_is_caught() -> None:
         result = await canary(cluster)
     assert result.verdict is Verdict.INCONCLUSIVE
     second = result.pairs[1]
-    assert any("despite a fresh cache_salt: it was not cold" in reason for reason in second.reasons)
+    assert any(
+        "the cold answer reports 160 cached prompt tokens despite a fresh cache_salt: it was not "
+        "computed cold" in reason
+        for reason in second.reasons
+    )
+    assert second.only_load_unproven is False  # no reference: requireExternalHit false cannot pass it
 
 
 async def test_modes_change_while_replicas_run() -> None:
@@ -385,6 +396,7 @@ async def test_content_checks_off_still_demands_equal_answers_and_the_hit() -> N
 async def test_a_client_can_be_injected() -> None:
     """An httpx transport stands in for the replicas: the canary uses the client it is given."""
     hits = {"http://a:8000": 0, "http://b:8000": 0}
+    salts: set[str] = set()
     labels = 'model_name="MiniMaxAI/MiniMax-M2.5",engine="0"'
 
     def replica(request: httpx.Request) -> httpx.Response:
@@ -394,11 +406,32 @@ async def test_a_client_can_be_injected() -> None:
                 200,
                 text=f"vllm:external_prefix_cache_hits_total{{{labels}}} {hits[base]}\n"
                 f"vllm:spec_decode_num_drafts_total{{{labels}}} {hits[base]}\n"
-                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {hits[base]}\n",
+                f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {hits[base]}\n"
+                f"vllm:prefix_cache_hits_total{{{labels}}} 0\n",
             )
         hits[base] += 128
-        body = {"choices": [{"message": {"content": CORRECT_ANSWER}, "finish_reason": "stop"}]}
-        return httpx.Response(200, json={**body, "usage": {"prompt_tokens": 185}})
+        logprobs = answer_logprobs(CORRECT_ANSWER, 5)
+        choice = {"message": {"content": CORRECT_ANSWER}, "finish_reason": "stop", "logprobs": logprobs}
+        salt = json.loads(request.content)["cache_salt"]
+        cached = 128 if salt in salts else 0  # the warm request repeats the cold one's salt
+        salts.add(salt)
+        usage = {
+            "prompt_tokens": 185,
+            "completion_tokens": len(logprobs["content"]),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        spec = {
+            "num_spec_steps": 1,
+            "num_draft_tokens": 3,
+            "num_accepted_draft_tokens": 1,
+            "num_spec_tokens": 3,
+            "acceptance_histogram": [0, 1, 0, 0],
+            "mean_acceptance_length": 2.0,
+            "draft_acceptance_rate": 1 / 3,
+        }
+        return httpx.Response(
+            200, json={"choices": [choice], "usage": usage, "metrics": {"speculative_decoding": spec}}
+        )
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(replica)) as client:
         result = await run_canary(CanaryConfig(replicas=list(hits), **EAGLE_32), client=client)
@@ -411,8 +444,8 @@ def test_warm_cached_tokens_unmask_a_rise_from_other_traffic() -> None:
     pair = judge_pair(_evidence(warm_cached=0), CanaryConfig(replicas=["http://a:1", "http://b:1"]))
     assert pair.verdict is Verdict.INCONCLUSIVE
     assert pair.reasons == [
-        "the warm answer reports 0 cached prompt tokens although the counter rose by 128: "
-        "the rise came from other traffic"
+        "the warm answer reports 0 cached prompt tokens (usage.prompt_tokens_details): it was computed, not "
+        "loaded from the store (KV connector on both replicas, same model, block size and PYTHONHASHSEED?)"
     ]
 
 
@@ -455,30 +488,6 @@ def test_config_refuses_bad_input(options: dict[str, Any], message: str) -> None
 def test_replica_urls_are_normalized() -> None:
     config = CanaryConfig(replicas=["http://a:8000/", "https://b:8000/v1"])
     assert config.replicas == ["http://a:8000", "https://b:8000"]
-
-
-def _evidence(
-    *, load_get: int = 4, warm_cached: int | None = None, warm_prompt_tokens: int = 185
-) -> PairMeasurement:
-    def answer(url: str, prompt_tokens: int, cached: int | None) -> ChatAnswer:
-        return ChatAnswer(
-            url=url, status=200, text=CORRECT_ANSWER, prompt_tokens=prompt_tokens, cached_tokens=cached
-        )
-
-    return PairMeasurement(
-        index=0,
-        writer="http://a:1",
-        reader="http://b:1",
-        cache_salt="canary-x-0-y",
-        cold=answer("http://a:1/v1/chat/completions", 185, None),
-        warm=answer("http://b:1/v1/chat/completions", warm_prompt_tokens, warm_cached),
-        before=StoreCounters(external_hit_tokens=0, store_keys_by_operation={}, **_SPEC_BEFORE),
-        after=StoreCounters(
-            external_hit_tokens=128, store_keys_by_operation={"load_get": load_get}, **_SPEC_AFTER
-        ),
-        metrics_error=None,
-        wall_s=0.1,
-    )
 
 
 def test_the_canary_imports_nothing_of_kubernetes() -> None:

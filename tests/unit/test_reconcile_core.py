@@ -425,7 +425,7 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
 async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runtime]) -> None:
     """The operator's canary on fake replicas whose last answer token is a near tie tipped on the reader:
     the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so."""
-    from tests.support.fake_vllm import FakeCluster
+    from tests.support.fake_vllm import VOCAB, FakeCluster
 
     from mooncake_operator.reconcile.actions import RunCanary
     from mooncake_operator.reconcile.core import _Actor, _Pass
@@ -440,17 +440,18 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
         return httpx.Response(404, json={"kind": "Status", "code": 404})
 
     def tie(choose: str, other: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        chosen, runner_up = VOCAB.word(choose), VOCAB.word(other)
+
         def rewrite(payload: dict[str, Any]) -> dict[str, Any]:
             choice = payload["choices"][0]
-            last = choice["logprobs"]["content"][-1]
-            top = [{"token": choose, "logprob": -0.7}, {"token": other, "logprob": -0.75}]
-            choice["logprobs"]["content"][-1] = {
-                **last,
-                "token": choose,
-                "logprob": -0.7,
-                "top_logprobs": top,
-            }
-            choice["message"]["content"] = choice["message"]["content"][: -len(last["token"])] + choose
+            content = choice["logprobs"]["content"]
+            top = [
+                {"token": f"token_id:{chosen}", "logprob": -0.7},
+                {"token": f"token_id:{runner_up}", "logprob": -0.75},
+                *({"token": f"token_id:{900 + i}", "logprob": -5.0 - i} for i in range(3)),
+            ]
+            content[-1] = {**content[-1], "token": f"token_id:{chosen}", "logprob": -0.7, "top_logprobs": top}
+            choice["message"]["content"] = VOCAB.decode([int(item["token"][9:]) for item in content])
             return payload
 
         return rewrite
@@ -483,7 +484,10 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
     assert run.canary.verdict == "Passed", run.canary.reason
     divergence = run.canary.pairs[0].divergence
     assert divergence is not None and divergence.kind == "benign"
-    assert (divergence.cold_token, divergence.warm_token) == (".", "!")
+    assert (divergence.cold_token, divergence.warm_token) == (
+        f"token_id:{VOCAB.word('.')}",
+        f"token_id:{VOCAB.word('!')}",
+    )
     [event] = events
     assert event["reason"] == "CanaryBenignDivergence" and event["type"] == "Normal"
     assert "passed over a benign divergence" in event["message"]

@@ -185,7 +185,7 @@ def test_a_wrong_cold_answer_blames_both() -> None:
 
 def test_without_require_external_hit_equal_answers_pass() -> None:
     unproven = result(
-        pair(0, Verdict.INCONCLUSIVE, answers_equal=True),
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=True, only_load_unproven=True),
         pair(1, Verdict.PASSED),
         verdict=Verdict.INCONCLUSIVE,
     )
@@ -316,7 +316,8 @@ def test_a_benign_divergence_is_in_the_status_and_the_event_message() -> None:
 
 def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> None:
     unproven = result(
-        pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=BENIGN), verdict=Verdict.INCONCLUSIVE
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=BENIGN, only_load_unproven=True),
+        verdict=Verdict.INCONCLUSIVE,
     )
     assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     corrupt = BENIGN.model_copy(update={"kind": DivergenceKind.CORRUPTION})

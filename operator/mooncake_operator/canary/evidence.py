@@ -278,15 +278,23 @@ def hit_notes(delta: StoreCounters, expected: int | None, block_size: int | None
 
 
 def put_wait_notes(put_wait: PutWait | None, writer_delta: StoreCounters | None) -> list[str]:
-    """Why the reader may have found nothing: what the writer's store puts did before the warm request."""
+    """Why the reader may have found nothing: what the writer's store puts did before the warm request
+    (the wait's outcome; else the writer's counters over the pair)."""
+    failed = attempted = None
+    if put_wait is not None and put_wait.outcome is PutWaitOutcome.FAILED:
+        failed = put_wait.failed_keys or 0
+        attempted = failed + (put_wait.keys_reported or 0)
+    elif put_wait is None and writer_delta is not None:
+        failed = writer_delta.store_failed_keys_by_operation.get("save_put") or None
+        attempted = writer_delta.store_keys_by_operation.get("save_put", 0)
+    if failed:
+        return [
+            f"the writer's store rejected {failed} of the {attempted} keys it tried to save (save_put "
+            "failures, vllm:mooncake_store_operation_failed_keys_total): the prefix did not fully "
+            "reach the store; the writer's log says why"
+        ]
     if put_wait is not None:
         outcome = put_wait.outcome
-        if outcome is PutWaitOutcome.FAILED:
-            return [
-                f"the writer's store rejected {put_wait.failed_keys} keys it tried to save (save_put "
-                "failures, vllm:mooncake_store_operation_failed_keys_total): the prefix did not fully "
-                "reach the store; the writer's log says why"
-            ]
         if outcome is PutWaitOutcome.TIMEOUT:
             return [
                 "the writer had not reported store puts covering the prompt when the warm request was "
@@ -300,6 +308,8 @@ def put_wait_notes(put_wait: PutWait | None, writer_delta: StoreCounters | None)
             ]
         if outcome is PutWaitOutcome.OFF:
             return ["the warm request was sent without waiting for the writer's store puts (put wait 0)"]
+        if outcome is PutWaitOutcome.COVERED:
+            return []
     if writer_delta is not None and writer_delta.store_keys_by_operation.get("save_put", 0) == 0:
         return [
             "the writer reported no store put for this pair by the time the reader was asked "

@@ -498,7 +498,7 @@ def judge_pair(evidence: PairMeasurement, config: CanaryConfig) -> PairResult:
     if warm is not None and delta is not None and not fallen:
         failures = [_with_store_load_failure(reason, warm, delta) for reason in failures]
     hit_evidence = None
-    if cold is not None and cold.ok and warm is not None:
+    if cold is not None and cold.ok and warm is not None and warm.ok:
         unproven.extend(_cold_reference(evidence))
     if warm is not None and warm.ok:
         if evidence.metrics_error is not None:
