@@ -34,6 +34,7 @@ overriding `shape_tokens` / `shape_payload` (tests/support/adversarial_replicas.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -56,8 +57,9 @@ PARAPHRASE = "I keep the deployment record and answer only from its latest value
 # What a reasoning replica thinks before it answers: it names the superseded values, which the content
 # checks must not see (they judge the answer after the reasoning).
 REASONING = (
-    "The first record said us-east, 2 replicas and batch size 8; the production update supersedes them, "
-    "so I answer with the latest values only."
+    "The first record said the region is us-east, the replica count is 2 and the maximum batch size is 8. "
+    "The production update supersedes all three of them, so I must answer with the latest values only, "
+    "as one JSON object and nothing else."
 )
 THINK_START, THINK_END = "<think>", "</think>"
 # Eagle's drafts per verify step (num_speculative_tokens).
@@ -413,6 +415,9 @@ class FakeReplica:
         # Whether it honours `return_tokens_as_token_ids` (an older server: text tokens).
         self.token_ids = True
         self.detokenize_status = 200
+        self.tokenize_status = 200
+        # A careless server that quotes the request's credentials (basic auth) in its error messages.
+        self.echo_auth = False
         self.max_model_len = 4096
         # Rewrites of what the replica sends (tests of answers and metrics pages a real vLLM would not
         # give): a chat payload -> payload, a metrics page -> page.
@@ -731,6 +736,9 @@ def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
             mode = replica.mode
             if mode is Mode.NOT_VLLM:
                 self._not_vllm()
+            elif self.path == "/tokenize" and replica.tokenize_status != 200:
+                error = {"message": f"tokenizer unavailable{self._auth()}", "type": "InternalServerError"}
+                self._json(replica.tokenize_status, {"error": {**error, "code": replica.tokenize_status}})
             elif (
                 self.path == "/tokenize" and isinstance(body, dict) and isinstance(body.get("messages"), list)
             ):
@@ -740,7 +748,8 @@ def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
                 self.path == "/detokenize" and isinstance(body, dict) and isinstance(body.get("tokens"), list)
             ):
                 if replica.detokenize_status != 200:
-                    error = {"message": "detokenize failed", "type": "InternalServerError", "code": 500}
+                    message = f"detokenize failed{self._auth()}"
+                    error = {"message": message, "type": "InternalServerError", "code": 500}
                     self._json(replica.detokenize_status, {"error": error})
                 else:
                     self._json(200, {"prompt": VOCAB.decode([int(token) for token in body["tokens"]])})
@@ -750,7 +759,8 @@ def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
                 replica._release.wait(_HANG_LIMIT_S)
                 self._json(503, {"error": {"message": "released", "type": "Hang", "code": 503}})
             elif mode is Mode.HTTP_500:
-                error = {"message": "EngineCore encountered an issue.", "type": "InternalServerError"}
+                message = f"EngineCore encountered an issue.{self._auth()}"
+                error = {"message": message, "type": "InternalServerError"}
                 self._json(500, {"error": {**error, "param": None, "code": 500}})
             elif mode is Mode.NON_JSON:
                 self._send(200, b"OK: request accepted\n", "text/plain")
@@ -761,6 +771,13 @@ def _handler_for(replica: FakeReplica) -> type[BaseHTTPRequestHandler]:
                 if status == 200 and replica.payload_filter is not None:
                     payload = replica.payload_filter(payload)
                 self._json(status, payload)
+
+        def _auth(self) -> str:
+            """With echo_auth: the basic-auth credentials, decoded, as a careless server quotes them."""
+            header = self.headers.get("Authorization", "")
+            if not replica.echo_auth or not header.startswith("Basic "):
+                return ""
+            return f" (request from {base64.b64decode(header[6:]).decode()})"
 
         def _not_vllm(self) -> None:
             if self.path == "/":

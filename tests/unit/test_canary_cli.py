@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from tests.support.adversarial_replicas import BenignTie
 from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator.canary import customer_request
@@ -183,6 +184,40 @@ def test_credentials_in_replica_urls_are_redacted_everywhere(capsys: pytest.Capt
     assert "http://***@127.0.0.1:" in out
 
 
+def test_no_output_of_any_run_names_a_replicas_credentials(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every message that could quote a URL or a body: the default suite's /tokenize error (it named
+    `http://user:secret@host` before), a 500 whose body quotes the request's basic-auth credentials, a
+    failed /detokenize, an unreachable replica; as a table and as JSON."""
+    with FakeCluster.start(2, kinds=[BenignTie, BenignTie]) as cluster:
+        secret_urls = [url.replace("http://", "http://admin:s3cret@") for url in cluster.urls]
+        for replica in cluster:
+            replica.echo_auth = True
+        cluster[0].tokenize_status = 500  # the default suite cannot be built
+        for flags in ([], ["--json"]):
+            main(["canary", *replica_args(secret_urls), "--block-size", "32", "--eagle", *flags])
+        cluster[0].tokenize_status = 200
+        cluster[0].detokenize_status = 500  # a benign tie whose shared text cannot be decoded
+        for flags in ([], ["--json"]):
+            main(["canary", *replica_args(secret_urls), "--pairs", "first", *flags])
+        cluster[1].mode = Mode.HTTP_500
+        for flags in ([], ["--json"]):
+            main(["canary", *replica_args(secret_urls), "--pairs", "first", *flags])
+        closed = secret_urls[1].rsplit(":", 1)[0] + ":9"
+        for flags in ([], ["--json"]):
+            main(["canary", "--replica", secret_urls[0], "--replica", closed, "--retries", "0", *flags])
+    out, err = capsys.readouterr()
+    # The messages are shown, their credentials not.
+    for shown in (
+        "tokenizer unavailable",
+        "detokenize failed",
+        "EngineCore encountered an issue",
+        "cannot connect",
+    ):
+        assert shown in out, shown
+    assert "s3cret" not in out + err
+    assert "admin" not in out + err
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
@@ -304,11 +339,20 @@ def test_cap_and_connect_options_reach_the_config() -> None:
             "33554432",
             "--connect-timeout",
             "2.5",
+            "--put-wait",
+            "30",
         ]
     )
     config = build_config(args)
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8388608, 33554432)
     assert config.connect_timeout_s == 2.5
+    assert config.put_wait_s == 30
+
+
+@pytest.mark.parametrize("value", ["-1", "301", "nan"])
+def test_a_put_wait_out_of_range_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["canary", "--replica", "http://a:1", "--replica", "http://b:1", "--put-wait", value]) == 3
+    assert "put_wait_s" in capsys.readouterr().err
 
 
 def test_comparison_and_suite_flags_make_the_config() -> None:

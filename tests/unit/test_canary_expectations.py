@@ -214,3 +214,65 @@ def test_expectations_describe_themselves() -> None:
         'the JSON object\'s values include "us-west", 4, 16',
         'the JSON object\'s values include none of "us-east", 2, 8',
     ]
+
+
+# --- repeated keys, reasoning, the suite's checks -----------------------------------------------------
+
+
+def test_a_repeated_key_is_a_violation_and_its_shadowed_value_is_seen() -> None:
+    """Class 7: `"region": "us-east", "region": "us-west"` reads as us-west to a parser."""
+    answer = '{"region": "us-east", "region": "us-west", "replica_count": 4, "max_batch_size": 16}'
+    assert violations([JsonObjectOnly()], answer) == [
+        'the JSON object repeats the key \'region\' ("us-east", "us-west"): a superseded value may hide '
+        "behind the last one"
+    ]
+    assert 'the JSON object holds the excluded value "us-east"' in violations(customer_expectations(), answer)
+
+
+def test_a_repeated_key_anywhere_inside_is_a_violation_once_per_key() -> None:
+    answer = '{"deployment": {"batch": 8, "batch": 16, "batch": 16}, "region": "us-west"}'
+    [problem] = violations([JsonValuesInclude(values=["us-west"])], answer)
+    assert problem.startswith("the JSON object repeats the key 'batch' (8, 16, 16)")
+
+
+def test_repeated_keys_are_not_judged_without_a_json_check() -> None:
+    answer = '{"a": 1, "a": 2}'
+    assert violations([Contains(text="a")], answer) == []
+    assert violations([], answer) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "reasoning", "judged"),
+    [
+        (CORRECT, None, CORRECT),
+        # Without a reasoning parser: the content after the end of the reasoning, which names us-east.
+        (f"us-east was superseded</think>\n\n{CORRECT}", None, f"\n\n{CORRECT}"),
+        # With one: vLLM split it off.
+        (CORRECT, "us-east was superseded", CORRECT),
+    ],
+)
+def test_checks_judge_the_answer_after_the_reasoning(
+    content: str, reasoning: str | None, judged: str
+) -> None:
+    from mooncake_operator.canary.expectations import answer_text
+
+    assert answer_text(content, reasoning) == judged
+    assert violations(customer_expectations(), answer_text(content, reasoning)) == []
+    if reasoning is None and "</think>" in content:
+        assert violations(customer_expectations(), content)  # the whole content would fail
+
+
+def test_a_reasoning_answer_that_stopped_after_its_reasoning_has_no_answer() -> None:
+    from mooncake_operator.canary.expectations import answer_text
+
+    assert answer_text(None, "thinking") == ""
+    assert violations([JsonObjectOnly()], answer_text(None, "thinking")) == [
+        "no JSON object in the answer ''"
+    ]
+
+
+def test_the_value_agnostic_checks_are_the_json_shape() -> None:
+    from mooncake_operator.canary.expectations import value_agnostic
+
+    assert value_agnostic(customer_expectations()) == [JsonObjectOnly()]
+    assert value_agnostic([Contains(text="x"), JsonValuesInclude(values=[1])]) == []
