@@ -179,10 +179,11 @@ async def detokenize(
         json=body,
     )
     response = exchange.response
+    timed = {"tokens": len(tokens), "latency_s": exchange.latency_s}
     if response is None:
-        return SharedText(tokens=len(tokens), error=exchange.error)
+        return SharedText(**timed, error=exchange.error)
     if response.status_code != 200:
-        return SharedText(tokens=len(tokens), error=_status_message("POST", exchange.url, response))
+        return SharedText(**timed, error=_status_message("POST", exchange.url, response))
     try:
         payload = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -190,11 +191,11 @@ async def detokenize(
     text = payload.get("prompt") if isinstance(payload, dict) else None
     if not isinstance(text, str) or not _valid_unicode(text):
         return SharedText(
-            tokens=len(tokens),
+            **timed,
             error=f"POST {exchange.url} answered 200 without the decoded text ('prompt'): "
             f"{_body_excerpt(response)[:200]!r}",
         )
-    return SharedText(tokens=len(tokens), text=text)
+    return SharedText(**timed, text=text)
 
 
 def requested_max_tokens(request: dict[str, Any]) -> int | None:

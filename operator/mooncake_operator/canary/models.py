@@ -327,6 +327,7 @@ class SharedText(_Model):
     tokens: int = Field(ge=0)
     text: str | None = None
     error: str | None = None
+    latency_s: float = 0.0
 
 
 class PairResult(_Model):

@@ -735,10 +735,16 @@ def _body_suffix(answer: ChatAnswer) -> str:
 
 
 def _request_latency(evidence: PairMeasurement) -> float:
+    """The pair's requests from send to last byte, except the reads while waiting for the writer's puts
+    (in `PutWait.waited_s`, with the pauses between them)."""
     latencies = [answer.latency_s for answer in (evidence.cold, evidence.warm) if answer is not None]
     latencies += [
-        counters.latency_s for counters in (evidence.before, evidence.after) if counters is not None
+        counters.latency_s
+        for counters in (evidence.before, evidence.after, evidence.writer_before)
+        if counters is not None
     ]
+    if evidence.shared_text is not None:
+        latencies.append(evidence.shared_text.latency_s)
     if evidence.metrics_error is not None:
         latencies.append(evidence.metrics_error.latency_s)
     return sum(latencies)
