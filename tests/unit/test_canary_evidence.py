@@ -132,3 +132,20 @@ def test_counters_that_went_down_on_the_writer_are_no_cold_evidence() -> None:
     pair = judge_pair(replace(healthy, writer_before=before, writer_after_cold=restarted), CONFIG)
     assert pair.verdict is Verdict.INCONCLUSIVE
     assert "went down" in pair.reasons[0] and "the writer restarted" in pair.reasons[0]
+
+
+def test_a_writer_whose_counters_cannot_be_read_explains_a_miss() -> None:
+    missed = measurement(warm_cached=0)
+    assert missed.after is not None
+    unavailable = PutWait(outcome=PutWaitOutcome.UNAVAILABLE, waited_s=0.01, polls=1)
+    pair = judge_pair(
+        replace(
+            missed, after=missed.after.model_copy(update={"external_hit_tokens": 0}), put_wait=unavailable
+        ),
+        CONFIG,
+    )
+    assert pair.verdict is Verdict.INCONCLUSIVE
+    assert (
+        "the writer's counters could not be read, so the warm request was sent without waiting"
+        in (pair.reasons[1])
+    )

@@ -308,6 +308,11 @@ def put_wait_notes(put_wait: PutWait | None, writer_delta: StoreCounters | None)
             ]
         if outcome is PutWaitOutcome.OFF:
             return ["the warm request was sent without waiting for the writer's store puts (put wait 0)"]
+        if outcome is PutWaitOutcome.UNAVAILABLE:
+            return [
+                "the writer's counters could not be read, so the warm request was sent without waiting "
+                "for its store puts"
+            ]
         if outcome is PutWaitOutcome.COVERED:
             return []
     if writer_delta is not None and writer_delta.store_keys_by_operation.get("save_put", 0) == 0:
