@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.suppor
 import httpx
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.canary import CanaryConfig, Verdict, run_canary
+from mooncake_operator.canary.models import CanaryConfig, Verdict
+from mooncake_operator.canary.runner import run_canary
 
 
 async def measure(replicas: int, latency_s: float, runs: int) -> tuple[list[float], list[float], list[float]]:

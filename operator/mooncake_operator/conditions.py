@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from mooncake_operator.api import CONDITION_TYPES, KSTATUS_CONDITION_TYPES, Condition, ConditionType
+from mooncake_operator.api.status import CONDITION_TYPES, KSTATUS_CONDITION_TYPES, Condition, ConditionType
 
 MASTER_READY: ConditionType = "MasterReady"
 REPLICAS_READY: ConditionType = "ReplicasReady"

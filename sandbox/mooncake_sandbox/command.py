@@ -42,15 +42,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from mooncake_operator.canary import (
-    CanaryResult,
-    ExitCode,
-    Verdict,
-    run_canary,
-)
+from mooncake_operator.canary.models import CanaryResult, ExitCode, Verdict
 from mooncake_operator.canary.report import render_json, render_table
-from mooncake_operator.commands.sandbox import SUMMARY
-from mooncake_operator.commands.verdict_parser import VerdictCommandParser
+from mooncake_operator.canary.runner import run_canary
+from mooncake_operator.cli.parser import VerdictCommandParser
+from mooncake_operator.cli.sandbox import SUMMARY
 from mooncake_sandbox import (
     EngineMode,
     Prepared,

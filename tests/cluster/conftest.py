@@ -17,8 +17,9 @@ from tests.cluster.operator_harness import install_crd
 from tests.support.apiserver import ControlPlane, start_control_plane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeClient, KubeConfig
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.kinds import SERVING_KIND
 
 CLUSTER_DIR = Path(__file__).parent
 

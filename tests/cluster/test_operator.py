@@ -26,8 +26,9 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND, LEGACY_FINALIZER, RERUN_CANARY_ANNOTATION
+from mooncake_operator.build.names import TRAFFIC_LABEL
+from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.reconcile.revisions import config_map_name
 
 RENDERED_CHILDREN = 9
@@ -69,7 +70,7 @@ async def test_create_applies_owned_children_and_the_canary_gates_ready(
         for key, child in found.items():
             owners = child["metadata"]["ownerReferences"]
             assert [(o["kind"], o["name"], o["uid"], o["controller"]) for o in owners] == [
-                (api.KIND, "demo", uid, True)
+                (KIND, "demo", uid, True)
             ], key
         # No kubelet yet: nothing is ready, nothing is proven.
         waiting = await wait_for_phase(kube, namespace, "Deploying")
@@ -123,16 +124,16 @@ async def ready_resource(kube: KubeClient, namespace: str, **spec_changes: Any) 
 
 
 async def patch_spec(kube: KubeClient, namespace: str, spec: dict[str, Any]) -> None:
-    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", {"spec": spec}, namespace)
+    await kube.patch_merge(API_VERSION, KIND, "demo", {"spec": spec}, namespace)
 
 
 async def annotate(kube: KubeClient, namespace: str, key: str, value: str) -> None:
     patch = {"metadata": {"annotations": {key: value}}}
-    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+    await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
 
 def traffic_labels(pods: list[dict[str, Any]]) -> dict[str, str | None]:
-    return {pod["metadata"]["name"]: pod["metadata"]["labels"].get(render.TRAFFIC_LABEL) for pod in pods}
+    return {pod["metadata"]["name"]: pod["metadata"]["labels"].get(TRAFFIC_LABEL) for pod in pods}
 
 
 def selected_by(service: dict[str, Any], pods: list[dict[str, Any]]) -> list[str]:
@@ -188,7 +189,7 @@ async def test_hold_keeps_the_corrupting_replica_out_of_the_client_service_until
 
             # Fixed (say, by hand), then a re-run asked for: the replica is proven and gets traffic back.
             fakes[1].mode = Mode.CORRECT
-            await annotate(kube, namespace, api.RERUN_CANARY_ANNOTATION, "after-fix")
+            await annotate(kube, namespace, RERUN_CANARY_ANNOTATION, "after-fix")
             recovered = await wait_for_phase(kube, namespace, "Ready")
             assert recovered["status"]["outOfTraffic"] == []
             assert recovered["status"]["traffic"]["serving"] == 2
@@ -416,7 +417,7 @@ async def test_a_resource_deleted_while_the_operator_is_stopped_is_gone_without_
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
 ) -> None:
     older = serving(namespace)
-    older["metadata"]["finalizers"] = [api.LEGACY_FINALIZER]  # as an older operator's kopf daemon left it
+    older["metadata"]["finalizers"] = [LEGACY_FINALIZER]  # as an older operator's kopf daemon left it
     await kube.create(older)
     with run_operator(settings_for(kube_cluster, namespace, fakes)):
 
@@ -427,10 +428,10 @@ async def test_a_resource_deleted_while_the_operator_is_stopped_is_gone_without_
 
         await eventually(reconciled_without_finalizer, what="the older operator's finalizer removed")
     # The operator has stopped: the API server deletes the resource on its own (kopf #942 hung here).
-    await kube.delete(api.API_VERSION, api.KIND, "demo", namespace)
+    await kube.delete(API_VERSION, KIND, "demo", namespace)
 
     async def gone() -> bool:
-        return await kube.get_or_none(api.API_VERSION, api.KIND, "demo", namespace) is None
+        return await kube.get_or_none(API_VERSION, KIND, "demo", namespace) is None
 
     await eventually(gone, within=10, what="the resource deleted with no operator running")
 
@@ -442,13 +443,13 @@ async def test_deleting_the_resource_removes_every_child(
         async with FakeKubelet(kube, namespace):
             await ready_resource(kube, namespace)
         assert len(await children(kube, namespace)) == RENDERED_CHILDREN + 1
-        await kube.delete(api.API_VERSION, api.KIND, "demo", namespace)
+        await kube.delete(API_VERSION, KIND, "demo", namespace)
 
         remaining: list[str] = []
 
         async def gone() -> bool:
             # Kept for the failure message: which of them outlived the resource.
-            resource = await kube.get_or_none(api.API_VERSION, api.KIND, "demo", namespace)
+            resource = await kube.get_or_none(API_VERSION, KIND, "demo", namespace)
             pods = await kube.list("v1", "Pod", namespace)
             finalizers = resource and resource["metadata"].get("finalizers")
             remaining[:] = [

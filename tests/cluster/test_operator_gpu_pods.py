@@ -20,8 +20,8 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
 
 RDMA_WITHOUT_DEVICE = {
     "globalSegmentSize": "1GB",
@@ -101,7 +101,7 @@ async def test_a_changed_cache_claim_template_is_refused_and_nothing_is_applied(
         # A bigger claim, and a master port change that would otherwise be applied to other children.
         bigger = {"volumeClaimTemplate": {"size": "20Gi", "storageClassName": "fast"}}
         patch = {"spec": {"model": {"cache": bigger}, "store": {"master": {"rpcPort": 50052}}}}
-        await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+        await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
         invalid = await wait_for_phase(kube, namespace, "Invalid")
         message = condition(invalid, "Ready")["message"]
         assert "model.cache.volumeClaimTemplate" in message and "StatefulSet demo-replica" in message, message

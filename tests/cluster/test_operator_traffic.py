@@ -24,8 +24,8 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
 
 NODE = "fake-node"
 NEVER_LOADS = "registry.invalid/vllm-mooncake:never-loads"  # its canary is Inconclusive: no external hit
@@ -62,7 +62,7 @@ async def endpoints_become(kube: KubeClient, namespace: str, wanted: set[str], w
 
 async def patch_image(kube: KubeClient, namespace: str, image: str) -> None:
     patch = {"spec": {"engine": {"image": image}}}
-    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+    await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
 
 async def settled_at(kube: KubeClient, namespace: str, generation: int, phase: str) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane, free_port
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
 
 
 def runs(fakes: FakeCluster) -> float:
@@ -71,7 +71,7 @@ async def test_replaced_pods_a_restarted_master_and_the_interval_rerun_the_canar
 
             # An interval: a new revision runs at once, then again every interval, level-based.
             await kube.patch_merge(
-                api.API_VERSION, api.KIND, "demo", {"spec": {"canary": {"intervalSeconds": 2}}}, namespace
+                API_VERSION, KIND, "demo", {"spec": {"canary": {"intervalSeconds": 2}}}, namespace
             )
             await proven(kube, namespace, fakes, 4)
             await proven(kube, namespace, fakes, 5)

@@ -29,7 +29,7 @@ from tests.support.chart import SERVICE_MONITOR_API, only, render
 from tests.support.fake_vllm import FakeCluster, Mode
 from tests.support.prometheus import PrometheusServer, free_port, promtool, running_prometheus
 
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.kube.client import KubeClient
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RULES = REPO_ROOT / "charts" / "mooncake-operator" / "files" / "prometheus-rules.yaml"

@@ -8,10 +8,11 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.operator_settings import OperatorSettings
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.kinds import SERVING_KIND
 from mooncake_operator.reconcile import Runtime
+from mooncake_operator.runtime.settings import OperatorSettings
 
 Handler = Callable[[httpx.Request], httpx.Response]
 CONFIG = KubeConfig(server="https://127.0.0.1:6443", token="t")

@@ -15,7 +15,7 @@ from typing import Any, get_args
 import pytest
 
 from mooncake_operator import conditions as cond
-from mooncake_operator.api import MooncakeServingStatus, Phase
+from mooncake_operator.api.status import MooncakeServingStatus, Phase
 from mooncake_operator.conditions import ConditionState, Reason, merge_conditions
 from mooncake_operator.reconcile import status as status_module
 

@@ -8,7 +8,13 @@ from datetime import UTC, datetime
 
 import pytest
 
-from mooncake_operator.api import CanaryStatus, CanaryTarget, MooncakeServingStatus, PodTraffic, TrafficStatus
+from mooncake_operator.api.status import (
+    CanaryStatus,
+    CanaryTarget,
+    MooncakeServingStatus,
+    PodTraffic,
+    TrafficStatus,
+)
 from mooncake_operator.reconcile import plan, proof
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState, pod_info
 from mooncake_operator.reconcile.plan import CanaryRun

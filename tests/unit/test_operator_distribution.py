@@ -67,9 +67,13 @@ def test_the_operator_wheel_holds_the_operator_package_only(wheel: zipfile.ZipFi
     names = wheel.namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"mooncake_operator"}
-    assert "mooncake_operator/cli.py" in names and "mooncake_operator/canary/runner.py" in names
+    assert (
+        "mooncake_operator/cli/main.py" in names
+        and "mooncake_operator/build/replicas.py" in names
+        and "mooncake_operator/canary/runner.py" in names
+    )
     assert "mooncake_operator/data/minimax-m2.5-eagle3.yaml" in names
-    sandbox_files = [n for n in names if "sandbox" in n and n != "mooncake_operator/commands/sandbox.py"]
+    sandbox_files = [n for n in names if "sandbox" in n and n != "mooncake_operator/cli/sandbox.py"]
     assert sandbox_files == []
     for gone in ("tiny_models.py", "perturbed_model.py", "buggy_engine.py", "cpu_stalls.py", "netns.py"):
         assert not any(name.endswith("/" + gone) for name in names), gone
@@ -104,10 +108,10 @@ class Watch(MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Watch())
-import mooncake_operator.cli
+import mooncake_operator.cli.main
 
 try:
-    code = mooncake_operator.cli.main(sys.argv[2:])
+    code = mooncake_operator.cli.main.main(sys.argv[2:])
 except SystemExit as done:
     code = done.code
 print("engine imports tried:", sorted(tried), file=sys.stderr)

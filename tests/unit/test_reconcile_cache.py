@@ -13,12 +13,16 @@ import httpx
 import pytest
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_INSTANCE
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
 from mooncake_operator.reconcile import Outcome
 from mooncake_operator.reconcile.cache import SERVING, Store, WatchCache, WatchedKind, project
 from mooncake_operator.reconcile.worker import interval_due_in, next_delay
+from mooncake_operator.runtime.metrics import ReconcileResult
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +36,7 @@ def pod(name: str, version: str, *, owner: str = "demo", ready: bool = False) ->
             "namespace": "ns",
             "uid": f"uid-{name}",
             "resourceVersion": version,
-            "labels": {render.LABEL_INSTANCE: owner, render.LABEL_COMPONENT: render.COMPONENT_REPLICA},
+            "labels": {LABEL_INSTANCE: owner, LABEL_COMPONENT: COMPONENT_REPLICA},
             "managedFields": [{"manager": "kubelet"}],
             "ownerReferences": [{"kind": "StatefulSet"}],
         },
@@ -89,7 +93,7 @@ def test_pods_are_kept_as_what_readiness_reads_and_other_objects_without_managed
         "namespace": "ns",
         "uid": "uid-demo-replica-0",
         "resourceVersion": "3",
-        "labels": {render.LABEL_INSTANCE: "demo", render.LABEL_COMPONENT: render.COMPONENT_REPLICA},
+        "labels": {LABEL_INSTANCE: "demo", LABEL_COMPONENT: COMPONENT_REPLICA},
     }
     assert kept["status"] == {
         "conditions": [{"type": "Ready", "status": "True"}],
@@ -107,7 +111,7 @@ def test_a_read_returns_a_copy_the_caller_may_change() -> None:
     read["metadata"]["labels"].clear()
     store.owned("ns", "demo")[0]["status"]["conditions"].clear()
     again = store.get("ns", "demo-replica-0")
-    assert again is not None and again["metadata"]["labels"][render.LABEL_INSTANCE] == "demo"
+    assert again is not None and again["metadata"]["labels"][LABEL_INSTANCE] == "demo"
     assert again["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
 
 
@@ -115,10 +119,10 @@ def rendered_children(count: int) -> list[dict[str, Any]]:
     """Every child of `count` resources, as a watch would deliver them (parsed JSON)."""
     objects = []
     for index in range(count):
-        resource = api.parse_resource(
+        resource = parse_resource(
             {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
+                "apiVersion": API_VERSION,
+                "kind": KIND,
                 "metadata": {"name": f"mcs-{index:03d}", "namespace": "ns"},
                 "spec": {
                     "model": {"name": "MiniMaxAI/MiniMax-M2.5", "revision": "r1"},
@@ -128,7 +132,7 @@ def rendered_children(count: int) -> list[dict[str, Any]]:
                 },
             }
         )
-        for child in render.render_all(resource, owner_uid=f"uid-{index}", policy_api_version="policy/v1"):
+        for child in render_all(resource, owner_uid=f"uid-{index}", policy_api_version="policy/v1"):
             child["metadata"]["resourceVersion"] = str(index + 1)
             objects.append(json.loads(json.dumps(child)))
     return objects
@@ -227,8 +231,8 @@ def serving_body(interval: int | None, finished: datetime | None) -> dict[str, A
     canary: dict[str, Any] = {} if interval is None else {"intervalSeconds": interval}
     status = {} if finished is None else {"canary": {"finishedAt": finished.strftime("%Y-%m-%dT%H:%M:%SZ")}}
     return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "3"},
         "spec": {"canary": canary},
         "status": status,

@@ -11,9 +11,22 @@ import httpx
 import pytest
 from tests.support import fake_api
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
-from mooncake_operator.examples import customer_deployment
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.api.status import MooncakeServingStatus
+from mooncake_operator.build import replicas as replica_builders
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import (
+    COMPONENT_MASTER,
+    COMPONENT_REPLICA,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    TRAFFIC_LABEL,
+    replica_set_name,
+    selector,
+)
+from mooncake_operator.build.replicas import replica_pod_template, replica_template_id
 from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
 from mooncake_operator.reconcile.children import with_applied_hash
 from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL, MasterState, Observation, ReplicaState
@@ -124,9 +137,7 @@ def held_world() -> tuple[World, MooncakeServing]:
         "canary": {"enabled": False},
     }
     meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
-    resource = api.parse_resource(
-        {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec}
-    )
+    resource = parse_resource({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec})
     world = World()
     pods = [
         {"name": "demo-replica-0", "uid": "p0", "serving": True, "reason": "proven", "provenBy": "r1"},
@@ -137,12 +148,12 @@ def held_world() -> tuple[World, MooncakeServing]:
         "outOfTraffic": ["demo-replica-1"],
         "traffic": {"serving": 1, "pods": pods},
     }
-    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec, "status": status}
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec, "status": status}
     world.put("/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo", body)
     put_children(world, resource)
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
-    managed = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
-    master_labels = {**render.selector(resource, render.COMPONENT_MASTER), **managed}
+    managed = {LABEL_MANAGED_BY: MANAGED_BY}
+    master_labels = {**selector(resource, COMPONENT_MASTER), **managed}
     world.put(
         "/api/v1/namespaces/ns/pods/demo-master-x",
         {
@@ -165,7 +176,7 @@ def held_world() -> tuple[World, MooncakeServing]:
 
 def put_children(world: World, resource: MooncakeServing, replica_set: str | None = None) -> None:
     """The rendered children, rolled out (the StatefulSet at revision hash-a)."""
-    for manifest in render.render_all(resource, owner_uid="uid-demo", replica_set=replica_set):
+    for manifest in render_all(resource, owner_uid="uid-demo", replica_set=replica_set):
         child = with_applied_hash(manifest)
         child["metadata"]["generation"] = 1
         kind = child["kind"]
@@ -184,10 +195,10 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
     UID (as put_children gives it)."""
     replica_set, ordinal = name.rsplit("-", 1)
     labels = {
-        **render.selector(resource, render.COMPONENT_REPLICA),
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        **selector(resource, COMPONENT_REPLICA),
+        LABEL_MANAGED_BY: MANAGED_BY,
         TEMPLATE_HASH_LABEL: "hash-a",
-        render.TRAFFIC_LABEL: traffic,
+        TRAFFIC_LABEL: traffic,
     }
     world.put(
         f"/api/v1/namespaces/ns/pods/{name}",
@@ -234,11 +245,11 @@ def blue_green_world() -> tuple[World, str]:
     meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
 
     def parsed(image: str) -> MooncakeServing:
-        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec(image)}
-        return api.parse_resource(body)
+        body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec(image)}
+        return parse_resource(body)
 
     old, new = parsed("registry.invalid/vllm:1"), parsed("registry.invalid/vllm:2")
-    candidate = render.replica_set_name(new, render.replica_template_id(new))
+    candidate = replica_set_name(new, replica_template_id(new))
     world = World()
     pods = [
         {"name": f"demo-replica-{i}", "uid": f"b{i}", "serving": True, "reason": "proven", "provenBy": "r1"}
@@ -250,8 +261,8 @@ def blue_green_world() -> tuple[World, str]:
         "rollout": {"strategy": "BlueGreen", "servingSet": "demo-replica"},
     }
     body = {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": meta,
         "spec": spec("registry.invalid/vllm:2"),
         "status": status,
@@ -269,8 +280,8 @@ def blue_green_world() -> tuple[World, str]:
                 "namespace": "ns",
                 "uid": "m",
                 "labels": {
-                    **render.selector(new, render.COMPONENT_MASTER),
-                    render.LABEL_MANAGED_BY: render.MANAGED_BY,
+                    **selector(new, COMPONENT_MASTER),
+                    LABEL_MANAGED_BY: MANAGED_BY,
                 },
                 "ownerReferences": [MASTER_REPLICA_SET],
             },
@@ -298,7 +309,7 @@ async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(
     assert outcome.result is ReconcileResult.ERROR and "etcd timeout" in outcome.message
     assert not [path for method, path in world.requests if method == "PATCH" and "/pods/" in path]
     label = world.objects["/api/v1/namespaces/ns/pods/demo-replica-1"]["metadata"]["labels"]
-    assert label[render.TRAFFIC_LABEL] == "off"
+    assert label[TRAFFIC_LABEL] == "off"
 
     # Once the status is written, the label follows it.
     world.fail_status = False
@@ -309,7 +320,7 @@ async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(
         "/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo/status",
         "/api/v1/namespaces/ns/pods/demo-replica-1",
     ]
-    assert label[render.TRAFFIC_LABEL] == "on"
+    assert label[TRAFFIC_LABEL] == "on"
 
 
 def _demo_resource() -> dict[str, Any]:
@@ -391,14 +402,14 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
     world, candidate = blue_green_world()
     runtime = runtime_of(world)
     closing.append(runtime)
-    rendered = render._replica_pod_template
+    rendered = replica_pod_template
     templates: list[str] = []
 
     def counted(resource: MooncakeServing, set_selector: dict[str, str]) -> dict[str, Any]:
         templates.append(resource.metadata.name)
         return rendered(resource, set_selector)
 
-    monkeypatch.setattr(render, "_replica_pod_template", counted)
+    monkeypatch.setattr(replica_builders, "replica_pod_template", counted)
     outcome = await reconcile(runtime, "ns", "demo")
     assert outcome.result is ReconcileResult.READY, outcome.message
     assert templates == ["demo"]  # the pass rendered the replica pod template once (sets, digest, child)
@@ -417,9 +428,9 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
     assert ("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/demo-replica") not in world.requests
     for i in (0, 1):
         labels = world.objects[f"/api/v1/namespaces/ns/pods/{candidate}-{i}"]["metadata"]["labels"]
-        assert labels[render.TRAFFIC_LABEL] == "on"
+        assert labels[TRAFFIC_LABEL] == "on"
         labels = world.objects[f"/api/v1/namespaces/ns/pods/demo-replica-{i}"]["metadata"]["labels"]
-        assert labels[render.TRAFFIC_LABEL] == "off"
+        assert labels[TRAFFIC_LABEL] == "off"
 
 
 async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runtime]) -> None:

@@ -10,22 +10,23 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, render
-from mooncake_operator.api import (
+from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.api.status import (
     CanaryStatus,
     CanaryTarget,
-    MooncakeServing,
     MooncakeServingStatus,
     PodTraffic,
     TrafficStatus,
 )
+from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.conditions import READY, find
-from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile import actions, plan
 from mooncake_operator.reconcile.actions import Action, Decision, Outcome
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_operator.reconcile.plan import CanaryRun, SetChoice, Snapshot, Timing
 from mooncake_operator.reconcile.revisions import LastGood, last_good_manifest
+from mooncake_operator.runtime.metrics import ReconcileResult
 
 pytestmark = pytest.mark.unit
 
@@ -39,11 +40,11 @@ MASTER = PodInfo("demo-master-x", "master-uid", True, False, "m1", 0, None)
 def resource(
     image: str = NEW_IMAGE, *, on_failure: str = "Hold", enabled: bool = True, rerun: str | None = None
 ) -> MooncakeServing:
-    annotations = {api.RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
-    return api.parse_resource(
+    annotations = {RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
+    return parse_resource(
         {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": "demo", "namespace": "ns", "generation": 2, "annotations": annotations},
             "spec": {
                 "model": {"name": "tiny", "revision": "r1"},
@@ -56,12 +57,12 @@ def resource(
     )
 
 
-OLD = render.spec_hash(resource(OLD_IMAGE).spec)
-NEW = render.spec_hash(resource(NEW_IMAGE).spec)
+OLD = spec_hash(resource(OLD_IMAGE).spec)
+NEW = spec_hash(resource(NEW_IMAGE).spec)
 LAST_GOOD_OLD = LastGood(OLD, resource(OLD_IMAGE).spec)
 # onFailure is part of the spec, so of its digest.
-OLD_RB = render.spec_hash(resource(OLD_IMAGE, on_failure="Rollback").spec)
-NEW_RB = render.spec_hash(resource(NEW_IMAGE, on_failure="Rollback").spec)
+OLD_RB = spec_hash(resource(OLD_IMAGE, on_failure="Rollback").spec)
+NEW_RB = spec_hash(resource(NEW_IMAGE, on_failure="Rollback").spec)
 LAST_GOOD_OLD_RB = LastGood(OLD_RB, resource(OLD_IMAGE, on_failure="Rollback").spec)
 
 
@@ -176,7 +177,7 @@ def summary(ordered: Sequence[Action]) -> tuple[tuple[Any, ...], ...]:
             case actions.PostEvent(reason=reason, type=kind):
                 return ("event", reason, kind)
             case actions.RecordLastGood(spec=spec):
-                return ("record", render.spec_hash(spec))
+                return ("record", spec_hash(spec))
             case actions.SetTraffic(labels=labels):
                 return ("traffic", dict(labels))
             case actions.RemoveSets(names=names):

@@ -8,18 +8,23 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, canary_policy
-from mooncake_operator.api import CanaryStatus
-from mooncake_operator.canary import CanaryResult, ChatAnswer, Mismatch, PairResult, customer_request
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.spec import MooncakeServingSpec
+from mooncake_operator.api.status import CanaryStatus, CanaryTarget
+from mooncake_operator.canary import policy
 from mooncake_operator.canary.models import (
+    CanaryResult,
+    ChatAnswer,
     Comparison,
     ComparisonMode,
     Divergence,
     DivergenceKind,
     ErrorKind,
+    Mismatch,
+    PairResult,
     Verdict,
 )
-from mooncake_operator.examples import customer_deployment
+from mooncake_operator.canary.request import customer_request
 from mooncake_operator.reconcile import proof
 
 pytestmark = pytest.mark.unit
@@ -29,13 +34,13 @@ URLS = ["http://a:8000", "http://b:8000"]
 PODS = ["x-replica-0", "x-replica-1"]
 
 
-def spec_with(**canary: Any) -> api.MooncakeServingSpec:
+def spec_with(**canary: Any) -> MooncakeServingSpec:
     wire = customer_deployment().spec.to_wire()
     wire["canary"] = {**wire["canary"], **canary}
-    return api.MooncakeServingSpec.model_validate(wire)
+    return MooncakeServingSpec.model_validate(wire)
 
 
-def target(**changes: Any) -> api.CanaryTarget:
+def target(**changes: Any) -> CanaryTarget:
     base: dict[str, Any] = {
         "revision": "r1",
         "generation": 1,
@@ -58,7 +63,7 @@ def last_run(verdict: str = "Passed", finished: datetime = NOW, **target_changes
 
 def test_the_config_follows_the_spec() -> None:
     spec = customer_deployment().spec
-    config = canary_policy.canary_config(spec, URLS)
+    config = policy.canary_config(spec, URLS)
     assert config.replicas == URLS
     assert config.request == {**customer_request(), "model": spec.model.name}
     assert (config.block_size, config.eagle, config.pairs, config.request_timeout_s) == (
@@ -72,20 +77,20 @@ def test_the_config_follows_the_spec() -> None:
         expectations=[{"kind": "contains", "text": "hello"}],
         pairs="first",
     )
-    config = canary_policy.canary_config(own, URLS)
+    config = policy.canary_config(own, URLS)
     assert config.request == {"messages": [{"role": "user", "content": "hi"}], "model": spec.model.name}
     assert [e.describe() for e in config.expectations] == [
-        e.describe() for e in canary_policy.canary_expectations(own) or []
+        e.describe() for e in policy.canary_expectations(own) or []
     ]
     assert config.pairs == "first"
-    assert canary_policy.canary_config(spec_with(expectations=[]), URLS).expectations == []
+    assert policy.canary_config(spec_with(expectations=[]), URLS).expectations == []
 
 
 def test_the_config_takes_the_body_caps_from_the_spec() -> None:
     capped = spec_with(maxChatBodyBytes=8 << 20, maxMetricsBodyBytes=32 << 20)
-    config = canary_policy.canary_config(capped, URLS)
+    config = policy.canary_config(capped, URLS)
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8 << 20, 32 << 20)
-    default = canary_policy.canary_config(spec_with(), URLS)
+    default = policy.canary_config(spec_with(), URLS)
     assert (default.max_chat_body_bytes, default.max_metrics_body_bytes) == (4 << 20, 16 << 20)
 
 
@@ -106,7 +111,7 @@ def test_the_config_takes_the_body_caps_from_the_spec() -> None:
         (last_run(), target(), None),
     ],
 )
-def test_canary_due(last: CanaryStatus | None, now_target: api.CanaryTarget, expected: str | None) -> None:
+def test_canary_due(last: CanaryStatus | None, now_target: CanaryTarget, expected: str | None) -> None:
     why = proof.canary_due(last, now_target, now=NOW, interval_seconds=None, inconclusive_retry_seconds=60)
     assert (why is None) if expected is None else (why is not None and expected in why)
 
@@ -189,15 +194,15 @@ def test_without_require_external_hit_equal_answers_pass() -> None:
         pair(1, Verdict.PASSED),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert canary_policy.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
-    assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    assert policy.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
+    assert policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     unreachable = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=None, connection_error="refused"),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert canary_policy.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
+    assert policy.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
     failed = result(pair(0, Verdict.FAILED))
-    assert canary_policy.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
+    assert policy.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
 
 
 def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
@@ -230,9 +235,9 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
 
 
 def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
-    default = canary_policy.canary_config(spec_with(), URLS)
+    default = policy.canary_config(spec_with(), URLS)
     assert default.comparison == Comparison() and default.suite == "default"
-    own = canary_policy.canary_config(
+    own = policy.canary_config(
         spec_with(
             comparison={"mode": "exact", "topK": 3, "maxTieGapNats": 0.2, "maxDriftNats": 0.05},
             suite=[{"name": "short", "request": {"messages": [{"role": "user", "content": "hi"}]}}],
@@ -244,7 +249,7 @@ def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
     )
     assert isinstance(own.suite, list) and own.suite[0].name == "short"
     assert own.suite[0].request["model"] == customer_deployment().spec.model.name
-    assert canary_policy.canary_config(spec_with(suite=[]), URLS).suite == "off"
+    assert policy.canary_config(spec_with(suite=[]), URLS).suite == "off"
 
 
 @pytest.mark.parametrize(
@@ -318,9 +323,9 @@ def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> N
     unproven = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=BENIGN), verdict=Verdict.INCONCLUSIVE
     )
-    assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    assert policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     corrupt = BENIGN.model_copy(update={"kind": DivergenceKind.CORRUPTION})
     failing = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=corrupt), verdict=Verdict.INCONCLUSIVE
     )
-    assert canary_policy.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE
+    assert policy.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE

@@ -9,11 +9,13 @@ from pathlib import Path
 import kopf
 import pytest
 
-from mooncake_operator import api
-from mooncake_operator.cli import build_parser
-from mooncake_operator.commands.run import settings_from
-from mooncake_operator.kube import KubeConfig
-from mooncake_operator.operator_settings import (
+from mooncake_operator.api.group import LEGACY_FINALIZER
+from mooncake_operator.cli.main import build_parser
+from mooncake_operator.cli.run import settings_from
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.reconcile import Outcome, ReconcileResult
+from mooncake_operator.reconcile.worker import log_outcome
+from mooncake_operator.runtime.settings import (
     OperatorSettings,
     SettingsError,
     configure_kopf,
@@ -21,8 +23,6 @@ from mooncake_operator.operator_settings import (
     load_replica_endpoints,
     parse_replica_endpoints,
 )
-from mooncake_operator.reconcile import Outcome, ReconcileResult
-from mooncake_operator.reconcile.worker import log_outcome
 
 pytestmark = pytest.mark.unit
 
@@ -105,7 +105,7 @@ def test_kopf_settings() -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings, OperatorSettings(watch_timeout_seconds=300, request_timeout_seconds=20))
     # The finalizer an older operator added: kopf removes it, as no handler needs one.
-    assert settings.persistence.finalizer == api.LEGACY_FINALIZER == "serving.mooncake-operator.dev/finalizer"
+    assert settings.persistence.finalizer == LEGACY_FINALIZER == "serving.mooncake-operator.dev/finalizer"
     assert settings.peering.standalone is True
     assert settings.watching.server_timeout == 300 and settings.watching.client_timeout == 330
     assert settings.networking.request_timeout == 20

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_operator.api import CanaryStatus, CanaryTarget
+from mooncake_operator.api.status import CanaryStatus, CanaryTarget
 from mooncake_operator.conditions import READY
 from mooncake_operator.reconcile import status
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState

@@ -11,9 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mooncake_operator import exit_codes
-from mooncake_operator.canary.expectations import Expectation
-from mooncake_operator.canary.request import customer_expectations, customer_request
-from mooncake_operator.canary_defaults import (
+from mooncake_operator.canary.defaults import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_CHAT_BODY_BYTES,
     DEFAULT_MAX_DRIFT_NATS,
@@ -23,6 +21,8 @@ from mooncake_operator.canary_defaults import (
     MAX_BODY_BYTES_LIMIT,
     MAX_TOP_K,
 )
+from mooncake_operator.canary.expectations import Expectation
+from mooncake_operator.canary.request import customer_expectations, customer_request
 
 
 class Verdict(StrEnum):

@@ -5,8 +5,8 @@ kopf's watch events) calls; it reads from the watch cache (`reconcile.cache`). T
 pure where they can be (children diffing, readiness, canary planning, status) and tested as such.
 """
 
-from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile.actions import Outcome
 from mooncake_operator.reconcile.core import Runtime, reconcile
+from mooncake_operator.runtime.metrics import ReconcileResult
 
 __all__ = ["Outcome", "ReconcileResult", "Runtime", "reconcile"]

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from mooncake_operator.api import CanaryTarget, MooncakeServingSpec, MooncakeServingStatus
-from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.api.spec import MooncakeServingSpec
+from mooncake_operator.api.status import CanaryTarget, MooncakeServingStatus
+from mooncake_operator.runtime.metrics import ReconcileResult
 
 
 @dataclass(frozen=True)

@@ -41,13 +41,24 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeError, Manifest
-from mooncake_operator.ownership import controller_reference
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.status import MAX_FOREIGN_PODS
+from mooncake_operator.build.names import (
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    TRAFFIC_LABEL,
+    client_selector,
+)
+from mooncake_operator.build.ownership import controller_reference
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.errors import KubeApiError, KubeError
+from mooncake_operator.kube.kinds import Manifest
 
 logger = logging.getLogger("mooncake_operator.cache")
 
-MANAGED_SELECTOR: Final = f"{render.LABEL_MANAGED_BY}={render.MANAGED_BY}"
+MANAGED_SELECTOR: Final = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 RELIST_BACKOFF_SECONDS: Final = 1.0
 # A watch the server ends sooner than this is followed after RELIST_BACKOFF_SECONDS, not at once: a
 # proxy that cuts every stream must not make the operator spin.
@@ -66,7 +77,7 @@ class WatchedKind:
 
 
 # Stored, but watched by kopf (handlers.py), which hands its events in through `WatchCache.record`.
-SERVING: Final = WatchedKind(api.API_VERSION, api.KIND, None)
+SERVING: Final = WatchedKind(API_VERSION, KIND, None)
 WATCHED_KINDS: Final = (
     WatchedKind("v1", "ConfigMap", MANAGED_SELECTOR),
     WatchedKind("v1", "Service", MANAGED_SELECTOR),
@@ -102,17 +113,17 @@ def is_older(candidate: str | None, stored: str | None) -> bool:
 # anyone's to add, and would all be kept.
 POD_LABELS_READ: Final = frozenset(
     {
-        render.LABEL_INSTANCE,
-        render.LABEL_COMPONENT,
-        render.LABEL_MANAGED_BY,
+        LABEL_INSTANCE,
+        LABEL_COMPONENT,
+        LABEL_MANAGED_BY,
         "controller-revision-hash",
-        render.TRAFFIC_LABEL,
+        TRAFFIC_LABEL,
     }
 )
 # Foreign pods (not a workload controller's: never kept) that the client Service of a resource selects
 # are remembered by name only, at most this many per resource: enough to report them, bounded whatever
 # a tenant creates.
-MAX_FOREIGN_NAMES: Final = api.MAX_FOREIGN_PODS
+MAX_FOREIGN_NAMES: Final = MAX_FOREIGN_PODS
 
 
 def is_kept(obj: Mapping[str, Any]) -> bool:
@@ -120,7 +131,7 @@ def is_kept(obj: Mapping[str, Any]) -> bool:
     create a ConfigMap can set: only a child with a controller reference to a MooncakeServing (what the
     operator creates) or a pod of a workload controller is kept, so no stray labelled object fills it."""
     kind = obj.get("kind")
-    if kind == api.KIND:
+    if kind == KIND:
         return True
     references = (obj.get("metadata") or {}).get("ownerReferences") or []
     if kind == "Pod":  # created by its StatefulSet, or the single master's Deployment's ReplicaSet
@@ -129,20 +140,20 @@ def is_kept(obj: Mapping[str, Any]) -> bool:
     return any(
         isinstance(ref, Mapping)
         and ref.get("controller") is True
-        and ref.get("kind") == api.KIND
-        and ref.get("apiVersion") == api.API_VERSION
+        and ref.get("kind") == KIND
+        and ref.get("apiVersion") == API_VERSION
         for ref in references
     )
 
 
 def in_client_service(obj: Mapping[str, Any]) -> str | None:
-    """The resource whose client Service selects this pod by its labels (`render.client_selector`),
+    """The resource whose client Service selects this pod by its labels (`build.names.client_selector`),
     or None."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    owner = labels.get(render.LABEL_INSTANCE)
+    owner = labels.get(LABEL_INSTANCE)
     if obj.get("kind") != "Pod" or not isinstance(owner, str):
         return None
-    wanted = render.client_selector(owner)
+    wanted = client_selector(owner)
     return owner if all(labels.get(key) == value for key, value in wanted.items()) else None
 
 
@@ -191,9 +202,9 @@ def project(obj: Mapping[str, Any]) -> Manifest:
 def owner_of(obj: Mapping[str, Any]) -> str | None:
     """The MooncakeServing an object belongs to: itself, or the one its instance label names."""
     metadata = obj.get("metadata") or {}
-    if obj.get("kind") == api.KIND:
+    if obj.get("kind") == KIND:
         return metadata.get("name")
-    return (metadata.get("labels") or {}).get(render.LABEL_INSTANCE)
+    return (metadata.get("labels") or {}).get(LABEL_INSTANCE)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,21 +18,18 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from mooncake_operator import api
-from mooncake_operator.digests import json_digest
-from mooncake_operator.kube import KubeApiError, KubeClient
+from mooncake_operator.api.group import FIELD_MANAGER, GROUP, KIND
+from mooncake_operator.api.quantities import parse_quantity
+from mooncake_operator.build.digests import json_digest
+from mooncake_operator.build.master import ChildRef
+from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.errors import KubeApiError
 from mooncake_operator.reconcile.cache import WatchCache
-from mooncake_operator.render import (
-    COMPONENT_REPLICA,
-    LABEL_COMPONENT,
-    LABEL_MANAGED_BY,
-    MANAGED_BY,
-    ChildRef,
-)
 
 Manifest = dict[str, Any]
 
-APPLIED_HASH_ANNOTATION = f"{api.GROUP}/applied-hash"
+APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
 
 
 def manifest_hash(manifest: Mapping[str, Any]) -> str:
@@ -51,7 +48,7 @@ def _quantity(value: Any) -> Decimal | None:
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     try:
-        return api.parse_quantity(value)
+        return parse_quantity(value)
     except ValueError:
         return None
 
@@ -161,7 +158,7 @@ async def ensure_children(
         why = needs_apply(desired, live)
         if why is not None:
             try:
-                await kube.apply(desired, field_manager=api.FIELD_MANAGER)
+                await kube.apply(desired, field_manager=FIELD_MANAGER)
             except KubeApiError as error:
                 raise ApplyError(desired["kind"], desired["metadata"]["name"], error) from error
         results.append(AppliedChild(desired["kind"], desired["metadata"]["name"], why))
@@ -184,7 +181,7 @@ async def scale_down_retired(
             continue
         patch = {"spec": {"replicas": 0}}
         await kube.patch_merge(
-            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=api.FIELD_MANAGER
+            ref.api_version, ref.kind, ref.name, patch, namespace, field_manager=FIELD_MANAGER
         )
         scaled.append(ref)
     return scaled
@@ -194,7 +191,7 @@ def controlled_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
     """Whether `obj` carries the controller reference to the MooncakeServing with `owner_uid` (labels can
     be set by anyone with edit rights in the namespace; the reference names one resource's UID)."""
     return any(
-        ref.get("controller") is True and ref.get("kind") == api.KIND and ref.get("uid") == owner_uid
+        ref.get("controller") is True and ref.get("kind") == KIND and ref.get("uid") == owner_uid
         for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
     )
 

@@ -22,15 +22,22 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from mooncake_operator import api, canary_policy, render
-from mooncake_operator.api import InvalidResourceError, MooncakeServing, MooncakeServingStatus
-from mooncake_operator.canary import run_canary
+from mooncake_operator.api.base import describe_validation_error
+from mooncake_operator.api.group import API_VERSION, FIELD_MANAGER, KIND
+from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource, plain
+from mooncake_operator.api.status import CanaryTarget, MooncakeServingStatus
+from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
+from mooncake_operator.build.etcd import ha_enabled
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.master import retired_workloads
+from mooncake_operator.build.names import master_pod_urls, replica_pod_names
+from mooncake_operator.canary import policy
 from mooncake_operator.canary.models import CanaryResult, Verdict
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeError
+from mooncake_operator.canary.runner import run_canary
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.errors import KubeApiError, KubeError
+from mooncake_operator.kube.kinds import SERVING_KIND
 from mooncake_operator.master_health import MasterView
-from mooncake_operator.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
-from mooncake_operator.operator_settings import OperatorSettings
 from mooncake_operator.reconcile import actions, leader, plan, proof, status
 from mooncake_operator.reconcile.actions import Decision, Outcome, PostEvent, RunCanary
 from mooncake_operator.reconcile.cache import MANAGED_SELECTOR, PDB_KIND, Wakes, WatchCache, WatchedKind
@@ -45,6 +52,8 @@ from mooncake_operator.reconcile.observe import Observation, observe, replica_se
 from mooncake_operator.reconcile.revisions import config_map_name, write_last_good
 from mooncake_operator.reconcile.slots import CanarySlots
 from mooncake_operator.reconcile.traffic import set_traffic
+from mooncake_operator.runtime.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
+from mooncake_operator.runtime.settings import OperatorSettings
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 
@@ -130,7 +139,7 @@ class Runtime:
         """policy/v1 where served (Kubernetes >= 1.21), else policy/v1beta1; asked once per process."""
         if self._policy_api_version is None:
             served = await self.kube.served_versions("policy")
-            version = render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+            version = POLICY_V1 if "v1" in served else POLICY_V1BETA1
             await self.cache.watch_kind(WatchedKind(version, PDB_KIND, MANAGED_SELECTOR))
             self._policy_api_version = version
         return self._policy_api_version
@@ -179,9 +188,9 @@ async def _reconcile_fresh_on_conflict(runtime: Runtime, namespace: str, name: s
 
 async def _read_fresh(runtime: Runtime, namespace: str, name: str) -> dict[str, Any] | None:
     """The resource from the API server, into the cache (only when the cache cannot answer)."""
-    body = await runtime.kube.get_or_none(api.API_VERSION, api.KIND, name, namespace)
+    body = await runtime.kube.get_or_none(API_VERSION, KIND, name, namespace)
     if body is None:
-        runtime.cache.forget(api.API_VERSION, api.KIND, namespace, name)
+        runtime.cache.forget(API_VERSION, KIND, namespace, name)
     else:
         runtime.cache.remember(body)
     return body
@@ -189,7 +198,7 @@ async def _read_fresh(runtime: Runtime, namespace: str, name: str) -> dict[str, 
 
 async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     # From the watch cache, which also holds what this operator last wrote (read-your-writes).
-    body = runtime.cache.get(api.API_VERSION, api.KIND, namespace, name)
+    body = runtime.cache.get(API_VERSION, KIND, namespace, name)
     if body is None:  # not seen by the watch yet (just created), or gone
         body = await _read_fresh(runtime, namespace, name)
     if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
@@ -198,7 +207,7 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     stored = parse_status(actor.wire)
     now = runtime.clock()
     try:
-        resource = api.parse_resource({**body, "status": None})
+        resource = parse_resource({**body, "status": None})
     except InvalidResourceError as error:
         return await actor.finish(plan.invalid(stored, error.problems, generation=actor.generation, now=now))
     refused = runtime.settings.refused_options(resource.spec)
@@ -215,9 +224,9 @@ def owned_status(raw: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def parse_status(raw: Mapping[str, Any]) -> MooncakeServingStatus:
     try:
-        return MooncakeServingStatus.model_validate(api.plain(raw))
+        return MooncakeServingStatus.model_validate(plain(raw))
     except ValidationError as error:
-        logger.warning("ignoring an unreadable status: %s", "; ".join(api.describe_validation_error(error)))
+        logger.warning("ignoring an unreadable status: %s", "; ".join(describe_validation_error(error)))
         return MooncakeServingStatus()
 
 
@@ -273,12 +282,12 @@ class _Actor:
         if patch:
             # Computed against the status this reconcile read: refused (409) if the resource changed since.
             written = await self.kube.patch_status(
-                api.API_VERSION,
-                api.KIND,
+                API_VERSION,
+                KIND,
                 self.name,
                 patch,
                 self.namespace,
-                field_manager=api.FIELD_MANAGER,
+                field_manager=FIELD_MANAGER,
                 resource_version=self.resource_version,
             )
             self.resource_version = (written.get("metadata") or {}).get("resourceVersion")
@@ -340,7 +349,7 @@ class _Pass:
         """Apply the children (rendered from `rendering`); the decision to write when the API server
         refuses one or a change cannot be made, else None."""
         serving = rendering.serving
-        manifests = render.render_all(
+        manifests = render_all(
             serving,
             owner_uid=self.actor.owner_uid(),
             policy_api_version=await self.runtime.policy_api_version(),
@@ -367,17 +376,17 @@ class _Pass:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
             # Only a change of the rendered children can retire others (so no reads when idle).
             await scale_down_retired(
-                self.kube, self.runtime.cache, self.namespace, render.retired_workloads(serving)
+                self.kube, self.runtime.cache, self.namespace, retired_workloads(serving)
             )
         return None
 
     async def ask_masters(self, serving: MooncakeServing) -> tuple[MasterView | None, ...] | None:
         """Highly available masters: each one's own view (`/health`), all asked at once; None otherwise.
         The master-endpoint override replaces the masters' addresses."""
-        if not render.ha_enabled(serving):
+        if not ha_enabled(serving):
             return None
         urls = self.settings.master_endpoints_for(self.namespace, serving.metadata.name)
-        found = list(urls) if urls is not None else render.master_pod_urls(serving)
+        found = list(urls) if urls is not None else master_pod_urls(serving)
         return tuple(await leader.master_views(self.runtime.http, found))
 
     def replica_urls(
@@ -390,7 +399,7 @@ class _Pass:
             self.namespace, serving.metadata.name
         )
         if mapped is None:
-            pod_names = render.replica_pod_names(serving, replica_set)
+            pod_names = replica_pod_names(serving, replica_set)
             return plan.replica_urls(observation, pod_names, serving.spec.engine.port)
         if len(mapped) != serving.spec.replicas:
             return (
@@ -418,15 +427,15 @@ class _Pass:
         self,
         serving: MooncakeServing,
         replica_set: str,
-        target: api.CanaryTarget,
+        target: CanaryTarget,
         observation: Observation,
     ) -> plan.CanaryRun:
-        pod_names = render.replica_pod_names(serving, replica_set)
+        pod_names = replica_pod_names(serving, replica_set)
         urls = self.replica_urls(serving, replica_set, observation)
         if isinstance(urls, str):
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
-        config, lowered = self.settings.limit_canary(canary_policy.canary_config(serving.spec, urls))
+        config, lowered = self.settings.limit_canary(policy.canary_config(serving.spec, urls))
         for note in lowered:
             logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
         deadline = self.settings.canary_run_deadline_seconds
@@ -444,7 +453,7 @@ class _Pass:
             )
             now = self.runtime.clock()
             return plan.CanaryRun(proof.not_run_status(why, run_id="deadline", now=now, target=target))
-        verdict = canary_policy.effective_verdict(
+        verdict = policy.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )
         metrics = self.runtime.metrics

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from mooncake_operator import render
-from mooncake_operator.api import HighAvailabilityStatus, MooncakeServing
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.api.status import HighAvailabilityStatus
+from mooncake_operator.build.names import ChildNames
 from mooncake_operator.master_health import HEALTH_PATH, MasterView
 from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo
 
@@ -70,7 +71,7 @@ def decide(
     resource: MooncakeServing, observation: Observation, views: Sequence[MasterView | None]
 ) -> Leadership:
     """The leader among the master pods, from their views (pure). Master i answers for pod NAME-master-i."""
-    names = render.ChildNames.of(resource.metadata.name)
+    names = ChildNames.of(resource.metadata.name)
     pods = {pod.name: pod for pod in observation.master.pods if not pod.terminating}
     claims = [
         (pods[f"{names.master}-{ordinal}"], view)

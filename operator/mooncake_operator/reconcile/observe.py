@@ -12,9 +12,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing
-from mooncake_operator.ownership import controlled_by, controller_reference
+from mooncake_operator.api.group import KIND
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.build.etcd import ha_enabled
+from mooncake_operator.build.names import (
+    COMPONENT_MASTER,
+    COMPONENT_REPLICA,
+    LABEL_COMPONENT,
+    TEMPLATE_ANNOTATION,
+    TRAFFIC_LABEL,
+    ChildNames,
+    replica_pod_names,
+)
+from mooncake_operator.build.ownership import controlled_by, controller_reference
 from mooncake_operator.reconcile.cache import MAX_FOREIGN_NAMES, WatchCache, in_client_service
 
 # The pod template a pod runs (a ControllerRevision of its StatefulSet): not the spec revision, nor the
@@ -103,7 +113,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         terminating=metadata.get("deletionTimestamp") is not None,
         template_hash=labels.get(TEMPLATE_HASH_LABEL),
         restarts=restarts,
-        traffic=labels.get(render.TRAFFIC_LABEL),
+        traffic=labels.get(TRAFFIC_LABEL),
         ip=status.get("podIP") or None,
     )
 
@@ -159,7 +169,7 @@ def replica_state(
 ) -> ReplicaState:
     """The set `replica_set` (default NAME-replica): `pods` are that set's."""
     desired = resource.spec.replicas
-    names = render.replica_pod_names(resource, replica_set)
+    names = replica_pod_names(resource, replica_set)
     infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
     if stateful_set is None:
         return ReplicaState(desired, 0, False, "replica StatefulSet not found", infos)
@@ -216,8 +226,8 @@ def owned_replica_sets(cache: WatchCache, resource: MooncakeServing) -> dict[str
         "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
     ):
         metadata = stateful_set.get("metadata") or {}
-        if _component(stateful_set) == render.COMPONENT_REPLICA and controlled_by(
-            stateful_set, api.KIND, resource.metadata.uid
+        if _component(stateful_set) == COMPONENT_REPLICA and controlled_by(
+            stateful_set, KIND, resource.metadata.uid
         ):
             found[str(metadata.get("uid") or "")] = stateful_set
     return found
@@ -230,9 +240,9 @@ def replica_sets(cache: WatchCache, resource: MooncakeServing) -> list[LiveSet]:
         "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
     ):
         metadata = stateful_set.get("metadata") or {}
-        if _component(stateful_set) != render.COMPONENT_REPLICA or metadata.get("deletionTimestamp"):
+        if _component(stateful_set) != COMPONENT_REPLICA or metadata.get("deletionTimestamp"):
             continue
-        template = (metadata.get("annotations") or {}).get(render.TEMPLATE_ANNOTATION)
+        template = (metadata.get("annotations") or {}).get(TEMPLATE_ANNOTATION)
         found.append(LiveSet(str(metadata.get("name", "")), template))
     return sorted(found, key=lambda live: live.name)
 
@@ -241,14 +251,14 @@ def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | Non
     """From the watch cache: the master, the replica set `replica_set` (default NAME-replica) and the
     resource's pods, by component and set."""
     name, namespace = resource.metadata.name, resource.metadata.namespace
-    names = render.ChildNames.of(name)
+    names = ChildNames.of(name)
     set_name = replica_set or names.replicas
-    ha = render.ha_enabled(resource)
+    ha = ha_enabled(resource)
     master_kind = "StatefulSet" if ha else "Deployment"
     master_workload = cache.get("apps/v1", master_kind, namespace, names.master)
     stateful_set = cache.get("apps/v1", "StatefulSet", namespace, set_name)
     pods = cache.owned("v1", "Pod", namespace, name)
-    master_pods = [pod for pod in pods if _component(pod) == render.COMPONENT_MASTER]
+    master_pods = [pod for pod in pods if _component(pod) == COMPONENT_MASTER]
     # A replica pod is one a replica StatefulSet of this resource created (the controller reference's
     # UIDs, pod -> StatefulSet -> this MooncakeServing): labels and names alone are anyone's to copy.
     sets = owned_replica_sets(cache, resource)
@@ -260,7 +270,7 @@ def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | Non
             own.append(pod)
         elif reference.get("kind") == "StatefulSet" and reference.get("uid") in sets:
             other_pods.append(pod)
-        elif _component(pod) != render.COMPONENT_MASTER and in_client_service(pod) == name:
+        elif _component(pod) != COMPONENT_MASTER and in_client_service(pod) == name:
             foreign.add(_name(pod))
     others = tuple(sorted((pod_info(pod) for pod in other_pods), key=lambda info: info.name))
     master = (
@@ -277,4 +287,4 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _component(pod: Mapping[str, Any]) -> str | None:
-    return ((pod.get("metadata") or {}).get("labels") or {}).get(render.LABEL_COMPONENT)
+    return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_COMPONENT)

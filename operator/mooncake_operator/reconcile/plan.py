@@ -34,24 +34,33 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from mooncake_operator import api, render
-from mooncake_operator.api import (
+from mooncake_operator.api.group import RERUN_CANARY_ANNOTATION
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.api.spec import MooncakeServingSpec, RolloutStrategy
+from mooncake_operator.api.status import (
+    MAX_FOREIGN_PODS,
     CanaryStatus,
     CanaryTarget,
     CandidatePhase,
     HighAvailabilityStatus,
-    MooncakeServing,
-    MooncakeServingSpec,
     MooncakeServingStatus,
     PodTraffic,
     ReplicaCounts,
     RolloutStatus,
-    RolloutStrategy,
     TrafficStatus,
 )
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.build.etcd import ha_enabled
+from mooncake_operator.build.names import (
+    TRAFFIC_OFF,
+    TRAFFIC_ON,
+    replica_pod_names,
+    replica_selector_string,
+    replica_set_name,
+)
+from mooncake_operator.build.replicas import ReplicaTemplate
 from mooncake_operator.conditions import READY, find, merge_conditions
 from mooncake_operator.master_health import MasterView
-from mooncake_operator.metrics import ReconcileResult
 from mooncake_operator.reconcile import leader, proof, status
 from mooncake_operator.reconcile.actions import (
     Action,
@@ -66,6 +75,7 @@ from mooncake_operator.reconcile.actions import (
 )
 from mooncake_operator.reconcile.observe import LiveSet, Observation, PodInfo, in_set
 from mooncake_operator.reconcile.revisions import LastGood, verified_last_good
+from mooncake_operator.runtime.metrics import ReconcileResult
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ class Rendering:
 
     choice: SpecRevisionChoice
     serving: MooncakeServing
-    template: render.ReplicaTemplate
+    template: ReplicaTemplate
     sets: SetChoice
     last_good: LastGood | None = None  # the NAME-last-good record, when trusted
     last_good_refused: str | None = None  # why the stored last good record was not trusted
@@ -164,7 +174,7 @@ class _Plan:
 
 
 def rerun_value(resource: MooncakeServing) -> str | None:
-    return resource.metadata.annotations.get(api.RERUN_CANARY_ANNOTATION)
+    return resource.metadata.annotations.get(RERUN_CANARY_ANNOTATION)
 
 
 def rerun_requested(resource: MooncakeServing, last: CanaryStatus | None) -> bool:
@@ -178,7 +188,7 @@ def choose_spec_revision(
 ) -> SpecRevisionChoice:
     """The spec's revision, or the last good one while the spec's revision stands rolled back."""
     spec = resource.spec
-    desired = render.spec_hash(spec)
+    desired = spec_hash(spec)
     failed = current.failed_revision
     if failed is not None and (
         failed != desired or rerun_requested(resource, current.canary) or spec.canary.on_failure != "Rollback"
@@ -208,7 +218,7 @@ def choose_sets(
     template the spec no longer renders (a reverted or changed spec), or one left by a strategy change.
     """
     strategy = resource.spec.rollout_strategy
-    default = render.replica_set_name(resource)
+    default = replica_set_name(resource)
     by_name = {found.name: found for found in live}
     recorded = current.rollout.serving_set if current.rollout is not None else None
     if recorded is not None and recorded in by_name:
@@ -232,7 +242,7 @@ def choose_sets(
     )
     if in_place:
         return SetChoice(strategy, serving, remove=others(serving))
-    candidate = render.replica_set_name(resource, template)
+    candidate = replica_set_name(resource, template)
     return SetChoice(strategy, candidate, serving, remove=others(serving, candidate))
 
 
@@ -394,9 +404,7 @@ def next_traffic(
 def label_changes(observation: Observation, traffic: TrafficStatus) -> dict[str, str]:
     """Pod name -> the label value it must get, for pods whose label differs."""
     labels = {pod.name: pod.traffic for pod in (*observation.replicas.pods, *observation.others)}
-    wanted = {
-        entry.name: render.TRAFFIC_ON if entry.serving else render.TRAFFIC_OFF for entry in traffic.pods
-    }
+    wanted = {entry.name: TRAFFIC_ON if entry.serving else TRAFFIC_OFF for entry in traffic.pods}
     return {name: value for name, value in wanted.items() if labels.get(name) != value}
 
 
@@ -406,7 +414,7 @@ def label_changes(observation: Observation, traffic: TrafficStatus) -> dict[str,
 def canary_target(inputs: _Inputs) -> CanaryTarget:
     serving = inputs.resource.model_copy(update={"spec": inputs.choice.spec})
     by_name = {pod.name: pod for pod in inputs.observation.replicas.pods}
-    names = render.replica_pod_names(serving, inputs.sets.active)
+    names = replica_pod_names(serving, inputs.sets.active)
     master = inputs.observation.master.pod
     return proof.current_target(
         revision=inputs.choice.revisions.serving,
@@ -415,7 +423,7 @@ def canary_target(inputs: _Inputs) -> CanaryTarget:
         master_pod=master.uid if master else None,
         master_restarts=master.restarts if master else 0,
         rerun=rerun_value(inputs.resource),
-        master_leader=master.name if master and render.ha_enabled(serving) else None,
+        master_leader=master.name if master and ha_enabled(serving) else None,
     )
 
 
@@ -490,7 +498,7 @@ def _next_status(
             generation=generation,
         ),
         replicas=ReplicaCounts(desired=replicas.desired, ready=replicas.ready),
-        selector=render.replica_selector_string(inputs.resource),
+        selector=replica_selector_string(inputs.resource),
         canary=canary,
         last_good_revision=revisions.last_good,
         desired_revision=revisions.desired,
@@ -698,7 +706,7 @@ def rendering(
     """The revision to render, its replica pod template (rendered here, once) and the set it goes into."""
     choice = choose_spec_revision(resource, current, last_good)
     serving = resource.model_copy(update={"spec": choice.spec})
-    template = render.ReplicaTemplate.of(serving)
+    template = ReplicaTemplate.of(serving)
     sets = choose_sets(resource, current, live, template.id)
     return Rendering(choice, serving, template, sets, last_good, last_good_refused)
 
@@ -774,7 +782,7 @@ def foreign_pod_event(previous: MooncakeServingStatus, new: MooncakeServingStatu
     found = new.foreign_pods or []
     if not set(found) - set(previous.foreign_pods or []):
         return None
-    more = f" (the first {len(found)} found)" if len(found) >= api.MAX_FOREIGN_PODS else ""
+    more = f" (the first {len(found)} found)" if len(found) >= MAX_FOREIGN_PODS else ""
     message = (
         f"the client Service selects pod(s) {', '.join(found)}{more} that no replica StatefulSet of this "
         "resource created: they carry every label of its selector and get user traffic no canary proved; "

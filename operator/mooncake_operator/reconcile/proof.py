@@ -1,6 +1,6 @@
 """The canary as the reconcile runs it: when it is due, what its result means for the status and traffic.
 
-Pure functions; the run's config and verdict policy from a spec are `mooncake_operator.canary_policy`,
+Pure functions; the run's config and verdict policy from a spec are `mooncake_operator.canary.policy`,
 running it is `mooncake_operator.canary.run_canary`. A run records what it was run against
 (`CanaryTarget`); the next run is due when the present state differs from that record, when the spec's
 interval has elapsed, or (for an inconclusive run) when the retry delay has.
@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 
-from mooncake_operator.api import CanaryStatus, CanaryTarget, DivergenceEvidence, PairEvidence
-from mooncake_operator.canary import CanaryResult, PairResult
-from mooncake_operator.canary.models import Divergence, ErrorKind, Verdict
-from mooncake_operator.canary_policy import benign
+from mooncake_operator.api.status import CanaryStatus, CanaryTarget, DivergenceEvidence, PairEvidence
+from mooncake_operator.canary.models import CanaryResult, Divergence, ErrorKind, PairResult, Verdict
+from mooncake_operator.canary.policy import benign
 
 _REASON_LIMIT = 1000
 

@@ -16,11 +16,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing, MooncakeServingSpec
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import FIELD_MANAGER, GROUP
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.api.spec import MooncakeServingSpec
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.build.names import labels, object_meta
+from mooncake_operator.kube.client import KubeClient
 
-REVISION_ANNOTATION = f"{api.GROUP}/revision"
+REVISION_ANNOTATION = f"{GROUP}/revision"
 SPEC_KEY = "spec.json"
 COMPONENT = "last-good"
 
@@ -31,18 +34,18 @@ def config_map_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class LastGood:
-    spec_revision: str  # render.spec_hash of `spec`
+    spec_revision: str  # build.digests.spec_hash of `spec`
     spec: MooncakeServingSpec
 
 
 def last_good_manifest(
     resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
 ) -> dict[str, Any]:
-    revision = render.spec_hash(spec)
-    metadata = render.object_meta(
+    revision = spec_hash(spec)
+    metadata = object_meta(
         resource,
         config_map_name(resource.metadata.name),
-        render.labels(resource, "mooncake-serving", COMPONENT),
+        labels(resource, "mooncake-serving", COMPONENT),
         owner_uid,
     )
     metadata["annotations"] = {REVISION_ANNOTATION: revision}
@@ -65,7 +68,7 @@ def parse_last_good(config_map: dict[str, Any] | None) -> LastGood | None:
         spec = MooncakeServingSpec.model_validate(json.loads(text))
     except (ValueError, ValidationError):
         return None
-    return LastGood(render.spec_hash(spec), spec)
+    return LastGood(spec_hash(spec), spec)
 
 
 def verified_last_good(
@@ -93,4 +96,4 @@ async def write_last_good(
     kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
 ) -> None:
     """Store `spec` as the last good revision (the planner decides when: it differs from the stored one)."""
-    await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=api.FIELD_MANAGER)
+    await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=FIELD_MANAGER)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mooncake_operator import conditions as cond
-from mooncake_operator.api import CanaryStatus, ConditionType, Phase
+from mooncake_operator.api.status import CanaryStatus, ConditionType, Phase
 from mooncake_operator.conditions import ConditionState, Reason
 from mooncake_operator.reconcile.observe import Observation
 
@@ -43,7 +43,7 @@ def without_empty_strings(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class SpecRevisions:
-    """Spec revisions (render.spec_hash digests: status.*Revision), not pod template hashes nor model
+    """Spec revisions (build.digests.spec_hash digests: status.*Revision), not pod template hashes nor model
     revisions."""
 
     desired: str

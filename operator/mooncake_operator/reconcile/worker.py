@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from mooncake_operator import api
-from mooncake_operator.metrics import ReconcileResult
+from mooncake_operator.api.group import API_VERSION, KIND
 from mooncake_operator.reconcile import proof
 from mooncake_operator.reconcile.actions import Outcome
 from mooncake_operator.reconcile.cache import WatchCache
 from mooncake_operator.reconcile.core import Runtime, reconcile
+from mooncake_operator.runtime.metrics import ReconcileResult
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 # The first words of the line `Workers.close` logs once nothing reconciles any more.
@@ -63,7 +63,7 @@ def next_delay(runtime: Runtime, namespace: str, name: str, outcome: Outcome) ->
     delays = [runtime.settings.resync_seconds]
     if outcome.retry_after is not None:
         delays.append(outcome.retry_after)
-    body = runtime.cache.get(api.API_VERSION, api.KIND, namespace, name)
+    body = runtime.cache.get(API_VERSION, KIND, namespace, name)
     due = interval_due_in(body, runtime.clock())
     if due is not None:
         delays.append(due)
