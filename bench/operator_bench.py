@@ -59,7 +59,7 @@ from mooncake_operator.kube.client import READ_VERBS, KubeClient, RequestCounts
 from mooncake_operator.kube.config import KubeConfig
 from mooncake_operator.kube.errors import KubeApiError, KubeError
 from mooncake_operator.kube.kinds import SERVING_KIND
-from mooncake_operator.reconcile import Runtime, reconcile
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
 from mooncake_operator.runtime.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.api.store import EtcdSpec, ExternalEtcd, MasterHighAvailability, MasterSpec
 from mooncake_operator.build.engine_args import HaTopology, master_argv
 from mooncake_operator.build.etcd import ha_topology
-from mooncake_operator.master_health import HEALTH_PATH, MasterView
+from mooncake_operator.reconcile.decide.leadership import HEALTH_PATH, MasterView
 from mooncake_sandbox.errors import MasterDownError, SandboxSetupError
 from mooncake_sandbox.processes import ManagedProcess, free_port, stop_processes
 from mooncake_sandbox.progress import Progress

@@ -28,7 +28,7 @@ from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LA
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.config import KubeConfig
 from mooncake_operator.kube.errors import KubeApiError
-from mooncake_operator.reconcile import Runtime
+from mooncake_operator.reconcile.act.core import Runtime
 from mooncake_operator.runtime.handlers import RuntimeHolder, build_registry
 from mooncake_operator.runtime.settings import OperatorSettings
 

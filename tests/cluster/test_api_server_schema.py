@@ -29,7 +29,7 @@ from mooncake_operator.build.manifests import render_all
 from mooncake_operator.build.names import LABEL_INSTANCE
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeApiError
-from mooncake_operator.reconcile.children import holds
+from mooncake_operator.reconcile.act.children import holds
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / crd.CRD_FILENAME

@@ -50,7 +50,7 @@ from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
 from mooncake_operator.build.manifests import render_all
 from mooncake_operator.build.names import TRAFFIC_LABEL, TRAFFIC_OFF, TRAFFIC_ON, ChildNames
 from mooncake_operator.kube.client import KubeClient
-from mooncake_operator.reconcile.revisions import config_map_name
+from mooncake_operator.reconcile.decide.revisions import config_map_name
 
 MANAGER = "mooncake-chart-rbac-test"
 SERVING = "minimax-m25"

@@ -29,7 +29,7 @@ from tests.support.fake_vllm import FakeCluster, Mode
 from mooncake_operator.api.group import API_VERSION, KIND, LEGACY_FINALIZER, RERUN_CANARY_ANNOTATION
 from mooncake_operator.build.names import TRAFFIC_LABEL
 from mooncake_operator.kube.client import KubeClient
-from mooncake_operator.reconcile.revisions import config_map_name
+from mooncake_operator.reconcile.decide.revisions import config_map_name
 
 RENDERED_CHILDREN = 9
 

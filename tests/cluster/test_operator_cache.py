@@ -27,7 +27,7 @@ from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.build.names import ChildNames
 from mooncake_operator.build.store_config import STORE_CONFIG_KEY
 from mooncake_operator.kube.client import KubeClient
-from mooncake_operator.reconcile import Runtime, reconcile
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
 
 NEW_IMAGE = "registry.invalid/vllm-mooncake:newer"
 

@@ -32,7 +32,7 @@ from tests.support.cpu_stalls import (  # noqa: F401 (fixtures: watch this modul
 
 from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
 from mooncake_operator.kube.client import KubeClient
-from mooncake_operator.reconcile.status import without_empty_strings
+from mooncake_operator.reconcile.decide.status import without_empty_strings
 from mooncake_sandbox import (
     EngineMode,
     Sandbox,

@@ -27,7 +27,7 @@ from tests.support.fault_scenarios import proven_again_after, report, run_scenar
 from tests.support.kube_node import kubectl
 
 from mooncake_operator.build.names import COMPONENT_MASTER, METRICS_PORT_NAME
-from mooncake_operator.master_health import HEALTH_PATH, MasterView
+from mooncake_operator.reconcile.decide.leadership import HEALTH_PATH, MasterView
 
 FIRST_VERDICT_TIMEOUT = 1200.0
 # etcd's volumes on tmpfs, as a local SSD would serve it: on the node's disk, shared with containerd and

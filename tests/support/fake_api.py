@@ -11,7 +11,7 @@ import httpx
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.config import KubeConfig
 from mooncake_operator.kube.kinds import SERVING_KIND
-from mooncake_operator.reconcile import Runtime
+from mooncake_operator.reconcile.act.core import Runtime
 from mooncake_operator.runtime.settings import OperatorSettings
 
 Handler = Callable[[httpx.Request], httpx.Response]

@@ -18,8 +18,8 @@ from mooncake_operator.build.names import (
     MANAGED_BY,
     TRAFFIC_LABEL,
 )
-from mooncake_operator.reconcile.cache import POD_LABELS_READ, Store
-from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL
+from mooncake_operator.reconcile.act.cache import POD_LABELS_READ, Store
+from mooncake_operator.reconcile.decide.observe import TEMPLATE_HASH_LABEL
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 
 from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.canary import policy as canary_policy
-from mooncake_operator.reconcile.slots import CanarySlots
+from mooncake_operator.reconcile.act.slots import CanarySlots
 from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
 
 pytestmark = pytest.mark.unit

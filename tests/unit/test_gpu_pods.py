@@ -27,14 +27,14 @@ from mooncake_operator.build.replicas import HF_HOME, replica_stateful_set
 from mooncake_operator.build.store_config import store_config_json, store_config_map
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.config import KubeConfig
-from mooncake_operator.reconcile.cache import WatchCache, WatchedKind
-from mooncake_operator.reconcile.children import (
+from mooncake_operator.reconcile.act.cache import WatchCache, WatchedKind
+from mooncake_operator.reconcile.act.children import (
     ImmutableChangeError,
     ensure_children,
     immutable_changes,
     with_applied_hash,
 )
-from mooncake_operator.reconcile.revisions import last_good_manifest
+from mooncake_operator.reconcile.decide.revisions import last_good_manifest
 
 pytestmark = pytest.mark.unit
 

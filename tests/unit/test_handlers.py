@@ -13,10 +13,10 @@ from tests.support.fake_api import runtime_answering
 from mooncake_operator.api.group import API_VERSION, KIND
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.config import KubeConfig
-from mooncake_operator.reconcile import Outcome, worker
-from mooncake_operator.reconcile.cache import WatchCache
-from mooncake_operator.reconcile.worker import WORKERS_STOPPED, Workers, run_worker
-from mooncake_operator.runtime.metrics import ReconcileResult
+from mooncake_operator.reconcile.act import worker
+from mooncake_operator.reconcile.act.cache import WatchCache
+from mooncake_operator.reconcile.act.worker import WORKERS_STOPPED, Workers, run_worker
+from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
 
 pytestmark = pytest.mark.unit
 

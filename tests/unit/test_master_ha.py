@@ -26,10 +26,10 @@ from mooncake_operator.build.replicas import replica_stateful_set
 from mooncake_operator.build.store_config import store_config_json
 from mooncake_operator.cli.main import build_parser
 from mooncake_operator.cli.run import settings_from
-from mooncake_operator.master_health import MasterView
-from mooncake_operator.reconcile import leader, plan, proof
-from mooncake_operator.reconcile.actions import PostEvent
-from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.reconcile.decide import choose, leadership, plan, schedule, traffic
+from mooncake_operator.reconcile.decide.actions import PostEvent
+from mooncake_operator.reconcile.decide.leadership import MasterView
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_sandbox import SandboxOptions
 from mooncake_sandbox import command as sandbox_command
 from mooncake_sandbox.ha import sandbox_ha_resource
@@ -266,7 +266,7 @@ def test_the_measured_health_body_parses() -> None:
 def test_the_leader_is_the_pod_that_says_it_leads() -> None:
     resource = resource_with({"enabled": True})
     views = [MasterView.parse(STANDBY_HEALTH), MasterView.parse(LEADER_HEALTH), None]
-    found = leader.decide(resource, observed(resource), views)
+    found = leadership.find_leader(resource, observed(resource), views)
     assert found.leader is not None and found.leader.name == "minimax-m25-master-1"
     assert found.observation.master.ready and found.observation.master.pod == found.leader
     assert "minimax-m25-master-1 leads (10.0.0.5:50051, view 9)" in found.observation.master.message
@@ -284,31 +284,31 @@ def test_no_single_leader_means_the_master_is_not_ready(
 ) -> None:
     resource = resource_with({"enabled": True})
     parsed = [MasterView.parse(view) if view else None for view in views]
-    found = leader.decide(resource, observed(resource), parsed)
+    found = leadership.find_leader(resource, observed(resource), parsed)
     assert found.leader is None and not found.observation.master.ready
     assert message in found.observation.master.message
 
 
-def leadership(name: str | None, address: str = "10.0.0.5:50051") -> leader.Leadership:
+def leadership_of(name: str | None, address: str = "10.0.0.5:50051") -> leadership.Leadership:
     resource = resource_with({"enabled": True})
     obs = observed(resource)
     if name is None:
-        return leader.Leadership(obs, None, None)
+        return leadership.Leadership(obs, None, None)
     view = MasterView("leader", True, address, 3)
-    return leader.Leadership(obs, pod(name), view)
+    return leadership.Leadership(obs, pod(name), view)
 
 
 def test_failovers_are_counted_when_the_leader_changes() -> None:
-    first, message = leader.track(None, leadership("m-0"), now="t0")
+    first, message = leadership.track(None, leadership_of("m-0"), now="t0")
     assert first is not None and (first.leader, first.failovers, message) == ("m-0", 0, None)
-    during, message = leader.track(first, leadership(None), now="t1")
+    during, message = leadership.track(first, leadership_of(None), now="t1")
     assert during == first and message is None  # no leader yet: keep the last one
-    after, message = leader.track(during, leadership("m-2", "10.0.0.7:50051"), now="t2")
+    after, message = leadership.track(during, leadership_of("m-2", "10.0.0.7:50051"), now="t2")
     assert after is not None and (after.leader, after.failovers, after.last_failover_time) == ("m-2", 1, "t2")
     assert message is not None and "m-2 (10.0.0.7:50051) leads, was m-0 (10.0.0.5:50051)" in message
-    same, message = leader.track(after, leadership("m-2", "10.0.0.7:50051"), now="t3")
+    same, message = leadership.track(after, leadership_of("m-2", "10.0.0.7:50051"), now="t3")
     assert same == after and message is None
-    assert leader.track(HighAvailabilityStatus(leader="m-0"), None, now="t4") == (None, None)
+    assert leadership.track(HighAvailabilityStatus(leader="m-0"), None, now="t4") == (None, None)
 
 
 def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
@@ -327,7 +327,7 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     now = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
     timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
     views = (MasterView.parse(STANDBY_HEALTH), MasterView.parse(LEADER_HEALTH), None)
-    rendering = plan.rendering(resource, stored, None, ())
+    rendering = choose.rendering(resource, stored, None, ())
     snapshot = plan.Snapshot(resource, stored, rendering, observation, now, timing, master_views=views)
     first = plan.decide(snapshot)
     failover = PostEvent(
@@ -348,7 +348,7 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     assert order is not None and order.target.master_leader == "minimax-m25-master-1"
     assert order.target.master_pod == "uid-minimax-m25-master-1"
     run = CanaryStatus(run_id="r", verdict="Passed", finished_at="2026-01-01T00:01:30Z", target=order.target)
-    after = plan.decide(snapshot, plan.CanaryRun(run), now=now)
+    after = plan.decide(snapshot, traffic.CanaryRun(run), now=now)
     assert failover not in after.actions
     assert after.status.high_availability == tracked and after.status.phase == "Ready"
     # A single master: nobody to ask, no leader recorded.
@@ -358,7 +358,7 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
 
 def test_a_leader_change_makes_the_canary_due() -> None:
     def target(leader_pod: str) -> Any:
-        return proof.current_target(
+        return schedule.current_target(
             revision="r",
             generation=1,
             replica_pods=[],
@@ -372,10 +372,14 @@ def test_a_leader_change_makes_the_canary_due() -> None:
         run_id="x", verdict="Passed", finished_at="2026-01-01T00:00:00Z", target=target("m-0")
     )
     now = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
-    why = proof.canary_due(last, target("m-1"), now=now, interval_seconds=None, inconclusive_retry_seconds=60)
+    why = schedule.canary_due(
+        last, target("m-1"), now=now, interval_seconds=None, inconclusive_retry_seconds=60
+    )
     assert why == "the store master failed over (leader m-0 -> m-1)"
     assert (
-        proof.canary_due(last, target("m-0"), now=now, interval_seconds=None, inconclusive_retry_seconds=60)
+        schedule.canary_due(
+            last, target("m-0"), now=now, interval_seconds=None, inconclusive_retry_seconds=60
+        )
         is None
     )
 

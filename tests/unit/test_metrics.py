@@ -11,7 +11,7 @@ import pytest
 from tests.support.prometheus import REPO_ROOT, promtool
 
 from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus, PairEvidence
-from mooncake_operator.reconcile.slots import CanarySlots
+from mooncake_operator.reconcile.act.slots import CanarySlots
 from mooncake_operator.runtime.metrics import CanaryCause, OperatorMetrics, canary_cause, serve
 
 pytestmark = pytest.mark.unit

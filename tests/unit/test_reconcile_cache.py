@@ -19,10 +19,9 @@ from mooncake_operator.build.manifests import render_all
 from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_INSTANCE
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.config import KubeConfig
-from mooncake_operator.reconcile import Outcome
-from mooncake_operator.reconcile.cache import SERVING, Store, WatchCache, WatchedKind, project
-from mooncake_operator.reconcile.worker import interval_due_in, next_delay
-from mooncake_operator.runtime.metrics import ReconcileResult
+from mooncake_operator.reconcile.act.cache import SERVING, Store, WatchCache, WatchedKind, project
+from mooncake_operator.reconcile.act.worker import interval_due_in, next_delay
+from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import pytest
 
 from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.build.manifests import render_all
-from mooncake_operator.reconcile.children import (
+from mooncake_operator.reconcile.act.children import (
     APPLIED_HASH_ANNOTATION,
     holds,
     needs_apply,

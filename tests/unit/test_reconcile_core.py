@@ -27,9 +27,15 @@ from mooncake_operator.build.names import (
     selector,
 )
 from mooncake_operator.build.replicas import replica_pod_template, replica_template_id
-from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
-from mooncake_operator.reconcile.children import with_applied_hash
-from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL, MasterState, Observation, ReplicaState
+from mooncake_operator.reconcile.act.children import with_applied_hash
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
+from mooncake_operator.reconcile.decide.actions import ReconcileResult
+from mooncake_operator.reconcile.decide.observe import (
+    TEMPLATE_HASH_LABEL,
+    MasterState,
+    Observation,
+    ReplicaState,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -438,9 +444,9 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
     the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so."""
     from tests.support.fake_vllm import FakeCluster
 
-    from mooncake_operator.reconcile.actions import RunCanary
-    from mooncake_operator.reconcile.core import _Actor, _Pass
-    from mooncake_operator.reconcile.proof import current_target
+    from mooncake_operator.reconcile.act.core import _Actor, _Pass
+    from mooncake_operator.reconcile.decide.actions import RunCanary
+    from mooncake_operator.reconcile.decide.schedule import current_target
 
     events: list[dict[str, Any]] = []
 

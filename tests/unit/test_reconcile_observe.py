@@ -9,7 +9,7 @@ import pytest
 from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.build.names import TRAFFIC_LABEL, replica_pod_names
-from mooncake_operator.reconcile.observe import in_set, master_state, pod_info, replica_state
+from mooncake_operator.reconcile.decide.observe import in_set, master_state, pod_info, replica_state
 
 pytestmark = pytest.mark.unit
 

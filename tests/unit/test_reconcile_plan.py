@@ -20,13 +20,14 @@ from mooncake_operator.api.status import (
     TrafficStatus,
 )
 from mooncake_operator.build.digests import spec_hash
-from mooncake_operator.conditions import READY, find
-from mooncake_operator.reconcile import actions, plan
-from mooncake_operator.reconcile.actions import Action, Decision, Outcome
-from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, SetChoice, Snapshot, Timing
-from mooncake_operator.reconcile.revisions import LastGood, last_good_manifest
-from mooncake_operator.runtime.metrics import ReconcileResult
+from mooncake_operator.reconcile.decide import actions, choose, plan
+from mooncake_operator.reconcile.decide.actions import Action, Decision, Outcome, ReconcileResult
+from mooncake_operator.reconcile.decide.choose import SetChoice
+from mooncake_operator.reconcile.decide.conditions import READY, find
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.reconcile.decide.plan import Snapshot, Timing
+from mooncake_operator.reconcile.decide.revisions import LastGood, last_good_manifest
+from mooncake_operator.reconcile.decide.traffic import CanaryRun
 
 pytestmark = pytest.mark.unit
 
@@ -156,7 +157,7 @@ def snapshot(
     **extra: Any,
 ) -> Snapshot:
     """What a pass would hand the planner: no replica set found yet (the spec's own), unless `sets`."""
-    rendering = plan.rendering(res, current, last_good, ())
+    rendering = choose.rendering(res, current, last_good, ())
     if sets is not None:
         rendering = dataclasses.replace(rendering, sets=sets)
     return Snapshot(res, current, rendering, observed, NOW, TIMING, **extra)
@@ -467,7 +468,7 @@ def test_the_rollback_records_the_failed_revision_and_keeps_the_failed_run() -> 
     assert decided.status.canary is not None and decided.status.canary.verdict == "Failed"
     assert decided.status.out_of_traffic == [P1.name]
     # ... and the next pass chooses the last good spec.
-    choice = plan.choose_spec_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
+    choice = choose.choose_spec_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
     assert (choice.revisions.serving, choice.revisions.failed) == (OLD_RB, NEW_RB)
     assert choice.spec.engine.image == OLD_IMAGE
 
@@ -487,7 +488,7 @@ def test_choose_revision(
     served: MooncakeServing, failed: str | None, last_good: LastGood | None, serving: str
 ) -> None:
     current = MooncakeServingStatus(failed_revision=failed, canary=run("Failed", P0, P1, revision=NEW_RB))
-    assert plan.choose_spec_revision(served, current, last_good).revisions.serving == serving
+    assert choose.choose_spec_revision(served, current, last_good).revisions.serving == serving
 
 
 def test_a_status_without_a_traffic_record_keeps_the_pods_the_last_pass_proved() -> None:
@@ -537,9 +538,9 @@ def test_a_changed_last_good_record_is_not_trusted_and_a_rollback_says_so() -> N
     res = resource(on_failure="Rollback")
     record = last_good_manifest(res, resource(OLD_IMAGE, on_failure="Rollback").spec, owner_uid="u")
     current = stored(canary=OLD_PASS, last_good=OLD_RB)
-    trusted = plan.choose(res, current, record, ())
+    trusted = choose.choose(res, current, record, ())
     assert trusted.last_good == LAST_GOOD_OLD_RB and trusted.last_good_refused is None
-    edited = plan.choose(res, current.model_copy(update={"last_good_revision": "0123"}), record, ())
+    edited = choose.choose(res, current.model_copy(update={"last_good_revision": "0123"}), record, ())
     assert edited.last_good is None and edited.last_good_refused is not None
     assert "changed after the canary proved it" in edited.last_good_refused
     fresh = CanaryRun(run("Failed", P0, P1, revision=NEW_RB), blamed=(P1.name,))

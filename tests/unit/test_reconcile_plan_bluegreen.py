@@ -14,12 +14,18 @@ from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus, Ro
 from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.build.names import replica_set_name
 from mooncake_operator.build.replicas import replica_template_id
-from mooncake_operator.reconcile import plan
-from mooncake_operator.reconcile.actions import Decision, RemoveSets
-from mooncake_operator.reconcile.observe import LiveSet, MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, SetChoice
-from mooncake_operator.reconcile.revisions import LastGood
-from mooncake_operator.runtime.metrics import ReconcileResult
+from mooncake_operator.reconcile.decide import choose, plan
+from mooncake_operator.reconcile.decide.actions import Decision, ReconcileResult, RemoveSets
+from mooncake_operator.reconcile.decide.choose import SetChoice
+from mooncake_operator.reconcile.decide.observe import (
+    LiveSet,
+    MasterState,
+    Observation,
+    PodInfo,
+    ReplicaState,
+)
+from mooncake_operator.reconcile.decide.revisions import LastGood
+from mooncake_operator.reconcile.decide.traffic import CanaryRun
 
 pytestmark = pytest.mark.unit
 
@@ -199,7 +205,7 @@ def test_choose_sets(
     template: str,
     expected: SetChoice,
 ) -> None:
-    assert plan.choose_sets(res, current, live, template) == expected
+    assert choose.choose_sets(res, current, live, template) == expected
 
 
 def test_candidate_names_fit_the_pod_label_limit() -> None:
@@ -338,10 +344,10 @@ def test_a_failure_with_rollback_removes_the_candidate() -> None:
     assert (rollout.serving_set, rollout.candidate_set) == (BLUE, None)
     assert "Rollback" in rollout.message
     # The next pass renders the last good spec: its template is the serving set's, so no candidate.
-    after = plan.choose_spec_revision(res, decision.status, last_good)
+    after = choose.choose_spec_revision(res, decision.status, last_good)
     template = replica_template_id(res.model_copy(update={"spec": after.spec}))
     assert template == T_OLD
-    sets = plan.choose_sets(res, decision.status, [LiveSet(BLUE, T_OLD)], template)
+    sets = choose.choose_sets(res, decision.status, [LiveSet(BLUE, T_OLD)], template)
     assert sets == SetChoice("BlueGreen", BLUE)
 
 

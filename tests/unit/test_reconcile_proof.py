@@ -1,5 +1,5 @@
 """The canary as the operator runs it: config and verdict policy from the spec (`canary_policy`), when it
-is due, blame, evidence (`reconcile.proof`)."""
+is due, blame, evidence (`decide.schedule`, `canary.status`)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,13 @@ from mooncake_operator.canary.models import (
     Verdict,
 )
 from mooncake_operator.canary.request import customer_request
-from mooncake_operator.reconcile import proof
+from mooncake_operator.canary.status import (
+    benign_divergence_message,
+    blamed_replicas,
+    canary_status,
+    format_time,
+)
+from mooncake_operator.reconcile.decide.schedule import canary_due, current_target
 
 pytestmark = pytest.mark.unit
 
@@ -49,14 +55,14 @@ def target(**changes: Any) -> CanaryTarget:
         "master_restarts": 0,
         "rerun": None,
     }
-    return proof.current_target(**{**base, **changes})
+    return current_target(**{**base, **changes})
 
 
 def last_run(verdict: str = "Passed", finished: datetime = NOW, **target_changes: Any) -> CanaryStatus:
     return CanaryStatus(
         run_id="run",
         verdict=verdict,
-        finished_at=proof.format_time(finished),
+        finished_at=format_time(finished),
         target=target(**target_changes),
     )
 
@@ -112,13 +118,13 @@ def test_the_config_takes_the_body_caps_from_the_spec() -> None:
     ],
 )
 def test_canary_due(last: CanaryStatus | None, now_target: CanaryTarget, expected: str | None) -> None:
-    why = proof.canary_due(last, now_target, now=NOW, interval_seconds=None, inconclusive_retry_seconds=60)
+    why = canary_due(last, now_target, now=NOW, interval_seconds=None, inconclusive_retry_seconds=60)
     assert (why is None) if expected is None else (why is not None and expected in why)
 
 
 def test_interval_and_inconclusive_retry() -> None:
     earlier = NOW - timedelta(seconds=30)
-    due = proof.canary_due
+    due = canary_due
     assert (
         due(last_run(finished=earlier), target(), now=NOW, interval_seconds=60, inconclusive_retry_seconds=60)
         is None
@@ -174,18 +180,18 @@ def result(*pairs: PairResult, verdict: Verdict = Verdict.FAILED) -> CanaryResul
 
 def test_a_wrong_warm_answer_blames_the_reader() -> None:
     run = result(pair(0, Verdict.FAILED), pair(1, Verdict.PASSED))
-    assert proof.blamed_replicas(run, PODS) == ["x-replica-1"]
+    assert blamed_replicas(run, PODS) == ["x-replica-1"]
 
 
 def test_a_failed_cold_request_blames_the_writer_only() -> None:
     cold = answer(URLS[1], None, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 500")
     run = result(pair(0, Verdict.PASSED), pair(1, Verdict.FAILED, cold=cold, warm=None))
-    assert proof.blamed_replicas(run, PODS) == ["x-replica-1"]
+    assert blamed_replicas(run, PODS) == ["x-replica-1"]
 
 
 def test_a_wrong_cold_answer_blames_both() -> None:
     run = result(pair(0, Verdict.FAILED, expectation_violations=["cold answer: x", "warm answer: x"]))
-    assert proof.blamed_replicas(run, PODS) == ["x-replica-0", "x-replica-1"]
+    assert blamed_replicas(run, PODS) == ["x-replica-0", "x-replica-1"]
 
 
 def test_without_require_external_hit_equal_answers_pass() -> None:
@@ -216,7 +222,7 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
             "warm": warm.model_copy(update={"latency_s": 0.5}),
         }
     )
-    status = proof.canary_status(
+    status = canary_status(
         result(failing, pair(1, Verdict.PASSED, external_hit_tokens=-4)),
         verdict=Verdict.FAILED,
         target=target(),
@@ -301,22 +307,20 @@ def test_a_benign_divergence_is_in_the_status_and_the_event_message() -> None:
         pair(1, Verdict.PASSED),
         verdict=Verdict.PASSED,
     )
-    status = proof.canary_status(run, verdict=Verdict.PASSED, target=target(), pod_names=PODS)
+    status = canary_status(run, verdict=Verdict.PASSED, target=target(), pod_names=PODS)
     evidence = status.pairs[0].divergence
     assert evidence is not None and evidence.kind == "benign"
     assert (evidence.position, evidence.cold_token, evidence.warm_token) == (3, " is", " was")
     assert (evidence.cold_gap_nats, evidence.warm_gap_nats, evidence.max_drift_nats) == (0.05, 0.04, 0.01)
     assert status.pairs[0].request == "block-end"
     assert status.to_wire()["pairs"][0]["divergence"]["coldGapNats"] == 0.05
-    message = proof.benign_divergence_message(run, PODS)
+    message = benign_divergence_message(run, PODS)
     assert message is not None
     assert message.startswith(
         "run run1: 1 pair(s) passed over a benign divergence; block-end x-replica-0 -> x-replica-1"
     )
     assert "cold ' is', warm ' was'" in message
-    assert (
-        proof.benign_divergence_message(result(pair(0, Verdict.PASSED), verdict=Verdict.PASSED), PODS) is None
-    )
+    assert benign_divergence_message(result(pair(0, Verdict.PASSED), verdict=Verdict.PASSED), PODS) is None
 
 
 def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> None:

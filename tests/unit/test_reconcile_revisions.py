@@ -9,9 +9,9 @@ import pytest
 
 from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.build.digests import spec_hash
-from mooncake_operator.conditions import READY
-from mooncake_operator.reconcile import status
-from mooncake_operator.reconcile.revisions import SPEC_KEY, last_good_manifest, verified_last_good
+from mooncake_operator.reconcile.decide import status
+from mooncake_operator.reconcile.decide.conditions import READY
+from mooncake_operator.reconcile.decide.revisions import SPEC_KEY, last_good_manifest, verified_last_good
 
 pytestmark = pytest.mark.unit
 

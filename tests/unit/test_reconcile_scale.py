@@ -10,11 +10,11 @@ from mooncake_operator.api.group import API_VERSION, KIND
 from mooncake_operator.api.resource import MooncakeServing, parse_resource
 from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.build.names import TRAFFIC_ON
-from mooncake_operator.reconcile import plan
-from mooncake_operator.reconcile.actions import Decision
-from mooncake_operator.reconcile.observe import MasterState, Observation, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun
-from mooncake_operator.reconcile.revisions import LastGood
+from mooncake_operator.reconcile.decide import plan
+from mooncake_operator.reconcile.decide.actions import Decision
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, ReplicaState
+from mooncake_operator.reconcile.decide.revisions import LastGood
+from mooncake_operator.reconcile.decide.traffic import CanaryRun
 
 pytestmark = pytest.mark.unit
 

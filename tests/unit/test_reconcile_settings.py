@@ -13,8 +13,8 @@ from mooncake_operator.api.group import LEGACY_FINALIZER
 from mooncake_operator.cli.main import build_parser
 from mooncake_operator.cli.run import settings_from
 from mooncake_operator.kube.config import KubeConfig
-from mooncake_operator.reconcile import Outcome, ReconcileResult
-from mooncake_operator.reconcile.worker import log_outcome
+from mooncake_operator.reconcile.act.worker import log_outcome
+from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
 from mooncake_operator.runtime.settings import (
     OperatorSettings,
     SettingsError,

@@ -28,11 +28,12 @@ from mooncake_operator.build.names import (
 )
 from mooncake_operator.build.replicas import replica_stateful_set
 from mooncake_operator.build.services import client_service, headless_service
-from mooncake_operator.reconcile import actions, plan
-from mooncake_operator.reconcile.cache import MAX_FOREIGN_NAMES, Store
-from mooncake_operator.reconcile.children import remove_replica_sets
-from mooncake_operator.reconcile.core import _Actor, _Pass
-from mooncake_operator.reconcile.observe import MasterState, Observation, ReplicaState, observe, pod_info
+from mooncake_operator.reconcile.act.cache import MAX_FOREIGN_NAMES, Store
+from mooncake_operator.reconcile.act.children import remove_replica_sets
+from mooncake_operator.reconcile.act.core import _Actor, _Pass
+from mooncake_operator.reconcile.act.snapshot import observe
+from mooncake_operator.reconcile.decide import actions, choose, plan
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, ReplicaState, pod_info
 
 pytestmark = pytest.mark.unit
 
@@ -179,7 +180,7 @@ def test_a_replica_without_a_pod_ip_is_not_dialled_and_the_run_says_why() -> Non
         store.put(replica_pod(name, owner=ours, ip=ip))
     pods = tuple(pod_info(pod) for pod in store.owned("ns", "demo"))
     seen = Observation(MasterState(True, "ok"), ReplicaState(2, 2, True, "2/2", pods))
-    why = plan.replica_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
+    why = plan.canary_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
     assert isinstance(why, str) and "no pod IP yet for replica pod(s) demo-replica-1" in why
     # Two pods at one address (on the node's network, one node) are not two replicas to compare.
     store.put(
@@ -193,7 +194,7 @@ def test_a_replica_without_a_pod_ip_is_not_dialled_and_the_run_says_why() -> Non
     )
     pods = tuple(pod_info(pod) for pod in store.owned("ns", "demo"))
     seen = Observation(MasterState(True, "ok"), ReplicaState(2, 2, True, "2/2", pods))
-    why = plan.replica_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
+    why = plan.canary_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
     assert isinstance(why, str) and "share an address (http://10.1.0.10:8000)" in why
 
 
@@ -244,7 +245,7 @@ def test_foreign_pods_in_the_client_service_are_remembered_by_name_within_a_boun
 
 def planned(foreign: tuple[str, ...], stored: MooncakeServingStatus) -> actions.Decision:
     resource = demo()
-    rendering = plan.rendering(resource, stored, None, ())
+    rendering = choose.rendering(resource, stored, None, ())
     seen = Observation(
         MasterState(False, "master pod not created yet"), ReplicaState(2, 0, False, "0/2"), foreign=foreign
     )

@@ -7,7 +7,7 @@ import pytest
 
 from mooncake_operator.api.spec import EngineSpec
 from mooncake_operator.canary.expectations import JsonFieldEquals
-from mooncake_operator.reconcile.core import one_line
+from mooncake_operator.reconcile.act.core import one_line
 
 pytestmark = pytest.mark.unit
 

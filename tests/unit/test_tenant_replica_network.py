@@ -17,7 +17,7 @@ from mooncake_operator.api.resource import parse_resource
 from mooncake_operator.build.etcd import ETCD_CLIENT_PORT
 from mooncake_operator.build.names import COMPONENT_ETCD
 from mooncake_operator.build.network_policy import DEFAULT_DNS_PEER, network_policies, operator_peer
-from mooncake_operator.reconcile import reconcile
+from mooncake_operator.reconcile.act.core import reconcile
 from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
 
 pytestmark = pytest.mark.unit

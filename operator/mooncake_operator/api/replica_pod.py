@@ -78,7 +78,7 @@ class PodMetadata(ApiModel):
 
 HF_HOME_PATH = "/var/cache/huggingface"
 TMP_PATH = "/tmp"
-# Volumes and mount paths of the engine container (build/replicas.py builds them; a unit test keeps both in step).
+# Volumes and mount paths of the engine container (build.replicas builds them; a test keeps both in step).
 RESERVED_VOLUMES = frozenset(
     {"store-config", "dshm", "hf-cache", "hf-token", "tmp", "rdma-devices", "etcd-ca"}
 )

@@ -1,7 +1,7 @@
 """kopf handlers: decorators and one-line delegation to `mooncake_operator.reconcile`, nothing else.
 
 kopf watches MooncakeServings (the operator's only watch of the kind) and hands every event to
-`reconcile.worker.Workers`, which keeps the watch cache's copy and runs one worker per resource: started
+`reconcile.act.worker.Workers`, which keeps the watch cache's copy and runs one worker per resource: started
 when the resource appears (or the operator starts), stopped once it is being deleted and at exit. The
 worker reconciles when the watch cache reports a change to the resource, its children or its pods, and
 on its timers. No handler needs a finalizer (nothing is cleaned up: the children go by their owner
@@ -20,9 +20,9 @@ from typing import Any
 
 import kopf
 
-from mooncake_operator import reconcile
 from mooncake_operator.api.group import GROUP, PLURAL, VERSION
-from mooncake_operator.reconcile.worker import Workers, run_worker
+from mooncake_operator.reconcile.act.core import Runtime
+from mooncake_operator.reconcile.act.worker import Workers, run_worker
 from mooncake_operator.runtime.settings import OperatorSettings, configure_kopf, connection_info
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -32,10 +32,10 @@ RESOURCE = (GROUP, VERSION, PLURAL)
 class RuntimeHolder:
     """The runtime of a running operator; absent before startup and after cleanup."""
 
-    runtime: reconcile.Runtime | None = None
+    runtime: Runtime | None = None
     workers: Workers | None = None
 
-    def get(self) -> reconcile.Runtime:
+    def get(self) -> Runtime:
         if self.runtime is None:
             raise kopf.TemporaryError("the operator is starting or stopping", delay=1)
         return self.runtime
@@ -55,7 +55,7 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings, operator_settings)
-        runtime = holder.runtime = reconcile.Runtime.start(operator_settings)
+        runtime = holder.runtime = Runtime.start(operator_settings)
         holder.workers = Workers(runtime.cache, functools.partial(run_worker, runtime))
 
     @kopf.on.cleanup(registry=registry)

@@ -31,19 +31,10 @@ from mooncake_operator import __version__
 from mooncake_operator.api.spec import RolloutStrategy
 from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus, Phase
 from mooncake_operator.canary.models import Verdict
+from mooncake_operator.reconcile.decide.actions import ReconcileResult
 
 PREFIX = "mooncake_operator"
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
-
-class ReconcileResult(StrEnum):
-    READY = "ready"
-    WAITING = "waiting"
-    CANARY_FAILED = "canary_failed"
-    ROLLED_BACK = "rolled_back"
-    INVALID = "invalid"
-    GONE = "gone"
-    ERROR = "error"
 
 
 class CanaryCause(StrEnum):

@@ -1,4 +1,4 @@
-"""What one reconcile pass does, as values: `plan.decide` returns them, `core` carries them out in order.
+"""What one reconcile pass does, as values: `plan.decide` returns them, `act.core` carries them out in order.
 
 A decision lists its actions in one fixed order: the master failover event, the last good record, the
 status, the event of a phase transition, the traffic labels, the replica sets to delete, then the canary
@@ -11,10 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.api.status import CanaryTarget, MooncakeServingStatus
-from mooncake_operator.runtime.metrics import ReconcileResult
+
+
+class ReconcileResult(StrEnum):
+    """How a pass ended (the operator's reconciles_total counts them by this label)."""
+
+    READY = "ready"
+    WAITING = "waiting"
+    CANARY_FAILED = "canary_failed"
+    ROLLED_BACK = "rolled_back"
+    INVALID = "invalid"
+    GONE = "gone"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)

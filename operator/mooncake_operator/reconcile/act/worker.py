@@ -24,11 +24,10 @@ from datetime import datetime
 from typing import Any, Final
 
 from mooncake_operator.api.group import API_VERSION, KIND
-from mooncake_operator.reconcile import proof
-from mooncake_operator.reconcile.actions import Outcome
-from mooncake_operator.reconcile.cache import WatchCache
-from mooncake_operator.reconcile.core import Runtime, reconcile
-from mooncake_operator.runtime.metrics import ReconcileResult
+from mooncake_operator.canary.status import parse_time
+from mooncake_operator.reconcile.act.cache import WatchCache
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
+from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
 
 logger = logging.getLogger("mooncake_operator.reconcile")
 # The first words of the line `Workers.close` logs once nothing reconciles any more.
@@ -46,7 +45,7 @@ def interval_due_in(body: dict[str, Any] | None, now: datetime) -> float | None:
         return None
     canary_spec = (body.get("spec") or {}).get("canary") or {}
     interval = canary_spec.get("intervalSeconds")
-    finished = proof.parse_time((((body.get("status") or {}).get("canary")) or {}).get("finishedAt"))
+    finished = parse_time((((body.get("status") or {}).get("canary")) or {}).get("finishedAt"))
     if interval is None or finished is None or canary_spec.get("enabled") is False:
         return None
     remaining = float(interval) - (now - finished).total_seconds()
@@ -68,7 +67,7 @@ def next_delay(runtime: Runtime, namespace: str, name: str, outcome: Outcome) ->
     if due is not None:
         delays.append(due)
     if has_ha_masters(body):
-        # Who leads is asked over HTTP (`reconcile.leader`), not watched, and a failover need not change
+        # Who leads is asked over HTTP (`act.master_health`), not watched, and a failover need not change
         # any pod. No API request: the reconcile reads the cache.
         delays.append(runtime.settings.leader_check_seconds)
     return max(min(delays), 0.0)

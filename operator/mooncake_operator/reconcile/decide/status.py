@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_operator import conditions as cond
 from mooncake_operator.api.status import CanaryStatus, ConditionType, Phase
-from mooncake_operator.conditions import ConditionState, Reason
-from mooncake_operator.reconcile.observe import Observation
+from mooncake_operator.reconcile.decide import conditions as cond
+from mooncake_operator.reconcile.decide.conditions import ConditionState, Reason
+from mooncake_operator.reconcile.decide.observe import Observation
 
 WARNING_PHASES: frozenset[Phase] = frozenset({"Invalid", "CanaryFailed", "Degraded"})
 WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value, Reason.APPLY_FAILED.value})

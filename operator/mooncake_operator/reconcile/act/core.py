@@ -1,10 +1,11 @@
 """One reconcile of a MooncakeServing: read -> choose what to render -> apply -> observe -> decide -> act.
 
-Level-based and kopf-free: each resource's worker (`reconcile.worker`) calls `reconcile`, which reads the
-resource, its last good record and live replica sets from the watch cache (`reconcile.cache`), has `plan`
-choose what to render, applies it, observes the children (and asks highly available masters who leads,
-all at once), and hands that immutable snapshot to `plan.decide`. It carries out the actions decided, in
-their order; after a canary run, `plan.decide` runs again on the same snapshot with the run's result. It
+Level-based and kopf-free: each resource's worker (`act.worker`) calls `reconcile`, which reads the
+resource, its last good record and live replica sets from the watch cache (`act.cache`), has
+`decide.choose` choose what to render, applies it, observes the children (`act.snapshot`; and asks highly
+available masters who leads, all at once: `act.master_health`), and hands that immutable snapshot to
+`decide.plan.decide`. It carries out the actions decided, in their order; after a canary run,
+`decide.plan.decide` runs again on the same snapshot with the run's result. It
 returns an `Outcome` saying when to look again. Reconciles of one resource are serialized by a
 per-resource lock; canaries across resources by `--max-concurrent-canaries`.
 """
@@ -34,25 +35,50 @@ from mooncake_operator.build.names import master_pod_urls, replica_pod_names
 from mooncake_operator.canary import policy
 from mooncake_operator.canary.models import CanaryResult, Verdict
 from mooncake_operator.canary.runner import run_canary
+from mooncake_operator.canary.status import (
+    benign_divergence_message,
+    blamed_replicas,
+    canary_status,
+    not_run_status,
+)
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeApiError, KubeError
 from mooncake_operator.kube.kinds import SERVING_KIND
-from mooncake_operator.master_health import MasterView
-from mooncake_operator.reconcile import actions, leader, plan, proof, status
-from mooncake_operator.reconcile.actions import Decision, Outcome, PostEvent, RunCanary
-from mooncake_operator.reconcile.cache import MANAGED_SELECTOR, PDB_KIND, Wakes, WatchCache, WatchedKind
-from mooncake_operator.reconcile.children import (
+from mooncake_operator.reconcile.act.cache import MANAGED_SELECTOR, PDB_KIND, Wakes, WatchCache, WatchedKind
+from mooncake_operator.reconcile.act.children import (
     ApplyError,
     ImmutableChangeError,
     ensure_children,
     remove_replica_sets,
     scale_down_retired,
 )
-from mooncake_operator.reconcile.observe import Observation, observe, replica_sets
-from mooncake_operator.reconcile.revisions import config_map_name, write_last_good
-from mooncake_operator.reconcile.slots import CanarySlots
-from mooncake_operator.reconcile.traffic import set_traffic
-from mooncake_operator.runtime.metrics import MetricsServer, OperatorMetrics, ReconcileResult, serve
+from mooncake_operator.reconcile.act.master_health import master_views
+from mooncake_operator.reconcile.act.revisions import write_last_good
+from mooncake_operator.reconcile.act.slots import CanarySlots
+from mooncake_operator.reconcile.act.snapshot import observe, replica_sets
+from mooncake_operator.reconcile.act.traffic import set_traffic
+from mooncake_operator.reconcile.decide import actions, status
+from mooncake_operator.reconcile.decide.actions import (
+    Decision,
+    Outcome,
+    PostEvent,
+    ReconcileResult,
+    RunCanary,
+)
+from mooncake_operator.reconcile.decide.choose import Rendering, choose
+from mooncake_operator.reconcile.decide.leadership import MasterView
+from mooncake_operator.reconcile.decide.observe import Observation
+from mooncake_operator.reconcile.decide.plan import (
+    Snapshot,
+    Timing,
+    apply_failed,
+    canary_urls,
+    decide,
+    invalid,
+)
+from mooncake_operator.reconcile.decide.revisions import config_map_name
+from mooncake_operator.reconcile.decide.traffic import CanaryRun
+from mooncake_operator.runtime.metrics import MetricsServer, OperatorMetrics, serve
 from mooncake_operator.runtime.settings import OperatorSettings
 
 logger = logging.getLogger("mooncake_operator.reconcile")
@@ -209,10 +235,10 @@ async def _reconcile(runtime: Runtime, namespace: str, name: str) -> Outcome:
     try:
         resource = parse_resource({**body, "status": None})
     except InvalidResourceError as error:
-        return await actor.finish(plan.invalid(stored, error.problems, generation=actor.generation, now=now))
+        return await actor.finish(invalid(stored, error.problems, generation=actor.generation, now=now))
     refused = runtime.settings.refused_options(resource.spec)
     if refused:
-        return await actor.finish(plan.invalid(stored, refused, generation=actor.generation, now=now))
+        return await actor.finish(invalid(stored, refused, generation=actor.generation, now=now))
     actor.resource = resource
     return await _Pass(runtime, actor, stored, now).run()
 
@@ -314,7 +340,7 @@ class _Pass:
         self.stored = stored
         self.now = now
         self.namespace = resource.metadata.namespace
-        self.timing = plan.Timing(
+        self.timing = Timing(
             retry_delay_seconds=self.settings.retry_delay_seconds,
             inconclusive_retry_seconds=self.settings.inconclusive_retry_seconds,
         )
@@ -322,13 +348,13 @@ class _Pass:
     async def run(self) -> Outcome:
         cache = self.runtime.cache
         record = cache.get("v1", "ConfigMap", self.namespace, config_map_name(self.resource.metadata.name))
-        rendering = plan.choose(self.resource, self.stored, record, replica_sets(cache, self.resource))
+        rendering = choose(self.resource, self.stored, record, replica_sets(cache, self.resource))
         refused = await self.apply(rendering)
         if refused is not None:
             return await self.actor.finish(refused)
         # After the apply: what was just written (a new template: rollout not yet observed) is seen.
         serving = rendering.serving
-        snapshot = plan.Snapshot(
+        snapshot = Snapshot(
             resource=self.resource,
             status=self.stored,
             rendering=rendering,
@@ -337,15 +363,15 @@ class _Pass:
             timing=self.timing,
             master_views=await self.ask_masters(serving),
         )
-        decision = plan.decide(snapshot)
+        decision = decide(snapshot)
         order = decision.canary
         if order is None:
             return await self.actor.finish(decision)
         await self.actor.carry_out(decision)
         fresh = await self.run_canary(serving, rendering.sets.active, order, snapshot.observation)
-        return await self.actor.finish(plan.decide(snapshot, fresh, now=self.runtime.clock()))
+        return await self.actor.finish(decide(snapshot, fresh, now=self.runtime.clock()))
 
-    async def apply(self, rendering: plan.Rendering) -> Decision | None:
+    async def apply(self, rendering: Rendering) -> Decision | None:
         """Apply the children (rendered from `rendering`); the decision to write when the API server
         refuses one or a change cannot be made, else None."""
         serving = rendering.serving
@@ -362,15 +388,13 @@ class _Pass:
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
         except ImmutableChangeError as error:
-            return plan.invalid(self.stored, error.problems, generation=generation, now=self.now)
+            return invalid(self.stored, error.problems, generation=generation, now=self.now)
         except ApplyError as error:
             name = self.resource.metadata.name
             self.runtime.metrics.apply_failed(self.namespace, name, error.kind, error.error.status)
             logger.warning("%s/%s: %s", self.namespace, name, error)
             message = str(error)
-            return plan.apply_failed(
-                self.stored, message, generation=generation, now=self.now, timing=self.timing
-            )
+            return apply_failed(self.stored, message, generation=generation, now=self.now, timing=self.timing)
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
@@ -387,7 +411,7 @@ class _Pass:
             return None
         urls = self.settings.master_endpoints_for(self.namespace, serving.metadata.name)
         found = list(urls) if urls is not None else master_pod_urls(serving)
-        return tuple(await leader.master_views(self.runtime.http, found))
+        return tuple(await master_views(self.runtime.http, found))
 
     def replica_urls(
         self, serving: MooncakeServing, replica_set: str, observation: Observation
@@ -400,7 +424,7 @@ class _Pass:
         )
         if mapped is None:
             pod_names = replica_pod_names(serving, replica_set)
-            return plan.replica_urls(observation, pod_names, serving.spec.engine.port)
+            return canary_urls(observation, pod_names, serving.spec.engine.port)
         if len(mapped) != serving.spec.replicas:
             return (
                 f"the operator's replica endpoints list {len(mapped)} URLs for "
@@ -410,7 +434,7 @@ class _Pass:
 
     async def run_canary(
         self, serving: MooncakeServing, replica_set: str, order: RunCanary, observation: Observation
-    ) -> plan.CanaryRun:
+    ) -> CanaryRun:
         """Run it against the set's pods; returns the status evidence and the pods a failure blames."""
         logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, order.why)
         fresh = await self._run_canary(serving, replica_set, order.target, observation)
@@ -429,12 +453,12 @@ class _Pass:
         replica_set: str,
         target: CanaryTarget,
         observation: Observation,
-    ) -> plan.CanaryRun:
+    ) -> CanaryRun:
         pod_names = replica_pod_names(serving, replica_set)
         urls = self.replica_urls(serving, replica_set, observation)
         if isinstance(urls, str):
             now = self.runtime.clock()
-            return plan.CanaryRun(proof.not_run_status(urls, run_id="not-run", now=now, target=target))
+            return CanaryRun(not_run_status(urls, run_id="not-run", now=now, target=target))
         config, lowered = self.settings.limit_canary(policy.canary_config(serving.spec, urls))
         for note in lowered:
             logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
@@ -452,19 +476,19 @@ class _Pass:
                 "(--canary-run-deadline-seconds): replicas that accept and never answer?"
             )
             now = self.runtime.clock()
-            return plan.CanaryRun(proof.not_run_status(why, run_id="deadline", now=now, target=target))
+            return CanaryRun(not_run_status(why, run_id="deadline", now=now, target=target))
         verdict = policy.effective_verdict(
             result, require_external_hit=serving.spec.canary.require_external_hit
         )
         metrics = self.runtime.metrics
         metrics.canary_duration.observe(result.wall_s)
         metrics.canary_runs.labels(verdict=verdict.value).inc()
-        canary = proof.canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
-        benign = proof.benign_divergence_message(result, pod_names)
+        canary = canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
+        benign = benign_divergence_message(result, pod_names)
         if benign is not None:
             # A pass over a divergence is never silent: the status holds it per pair, this says so.
             await self.kube.create_event(
                 self.actor.body, reason="CanaryBenignDivergence", message=benign, type="Normal"
             )
-        blamed = proof.blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
-        return plan.CanaryRun(canary, tuple(blamed))
+        blamed = blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
+        return CanaryRun(canary, tuple(blamed))

@@ -1,30 +1,61 @@
-"""Highly available masters: which one leads, read from the masters themselves, and what a change means.
+"""Highly available masters: which one leads, read from the masters themselves, and what a change means
+(pure; `act.master_health` asks them).
 
 The operator asks every master pod's `/health` (through the masters' headless Service, or the operator's
 master-endpoint override) and takes as leader the pod that says it leads and serves. It never infers
 the leader from pod readiness: a standby is Ready too. The master condition is True while a leader
 serves; the leader's pod becomes `Observation.master.pod`, and the leader's name goes into the canary's
-target, so a failover makes the canary due (`proof.canary_due`). `track` counts failovers for the status
-and words the event. The reconcile asks (`master_views`); the planner decides (`decide`, `track`).
+target, so a failover makes the canary due (`schedule.canary_due`). `track` counts failovers for the
+status and words the event.
+
+A mooncake_master's own view of the election is its `GET /health` on the metrics port. Measured on
+mooncake-transfer-engine-non-cuda 0.3.13.post1 (`-enable_ha`), every master answers 200:
+
+    {"status":"ok","role":"leader","ha_state":"serving","service_ready":true,
+     "leader_address":"10.0.0.5:50051","view_version":9}
+
+and a standby `"role":"standby","service_ready":false` with the same `leader_address`. The leader's
+address is what it publishes in etcd (`mooncake-store/<cluster_id>/master_view`) and what the store
+clients connect to. The view version grows with every election (by more than one per failover, so it
+is no failover count).
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-
-import httpx
+from typing import Any
 
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.api.status import HighAvailabilityStatus
 from mooncake_operator.build.names import ChildNames
-from mooncake_operator.master_health import HEALTH_PATH, MasterView
-from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo
 
-PROBE_TIMEOUT_S = 3.0  # the whole probe: connect, headers and body
-HEALTH_BODY_CAP = 64 * 1024
+HEALTH_PATH = "/health"
+
+
+@dataclass(frozen=True)
+class MasterView:
+    role: str  # "leader", "standby"; "" when absent (a master without -enable_ha)
+    serving: bool
+    leader_address: str | None
+    view_version: int | None
+
+    @property
+    def leads(self) -> bool:
+        """Leads and serves (a fresh leader spends a few seconds in warm-up before it serves)."""
+        return self.role == "leader" and self.serving
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> MasterView:
+        version = body.get("view_version")
+        leader = body.get("leader_address")
+        return cls(
+            role=str(body.get("role") or ""),
+            serving=body.get("service_ready") is True,
+            leader_address=str(leader) if leader else None,
+            view_version=version if isinstance(version, int) and not isinstance(version, bool) else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -34,40 +65,7 @@ class Leadership:
     view: MasterView | None  # the leader's own view
 
 
-async def master_views(http: httpx.AsyncClient, urls: Sequence[str]) -> list[MasterView | None]:
-    """Each master's /health, by ordinal, asked at once (a silent master costs one PROBE_TIMEOUT_S, not
-    one each); None where it did not answer with a view."""
-    return list(await asyncio.gather(*(master_view(http, url) for url in urls)))
-
-
-async def master_view(http: httpx.AsyncClient, url: str) -> MasterView | None:
-    """One master's /health within PROBE_TIMEOUT_S in all and HEALTH_BODY_CAP bytes (the real body is
-    ~150 bytes): a pod that answers endlessly, or a byte at a time, costs one bounded probe."""
-    body = bytearray()
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            headers = {"Accept-Encoding": "identity"}
-            request = http.build_request("GET", url.rstrip("/") + HEALTH_PATH, headers=headers)
-            response = await http.send(request, stream=True)
-            try:
-                if response.headers.get("content-encoding", "identity").lower() != "identity":
-                    return None  # asked for identity: a compressed body could expand past the cap
-                async for chunk in response.aiter_raw():
-                    body += chunk
-                    if len(body) > HEALTH_BODY_CAP:
-                        return None
-            finally:
-                await response.aclose()
-    except (httpx.HTTPError, TimeoutError):
-        return None
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        return None
-    return MasterView.parse(payload) if isinstance(payload, dict) else None
-
-
-def decide(
+def find_leader(
     resource: MooncakeServing, observation: Observation, views: Sequence[MasterView | None]
 ) -> Leadership:
     """The leader among the master pods, from their views (pure). Master i answers for pod NAME-master-i."""

@@ -25,7 +25,7 @@ from mooncake_operator.build.master import ChildRef
 from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeApiError
-from mooncake_operator.reconcile.cache import WatchCache
+from mooncake_operator.reconcile.act.cache import WatchCache
 
 Manifest = dict[str, Any]
 

@@ -1,4 +1,5 @@
-"""The last good revision: the spec the last passing canary proved, kept in an owned ConfigMap.
+"""The last good revision: the spec the last passing canary proved, kept in an owned ConfigMap (pure:
+its manifest, and whether a stored one is trusted; `act.revisions` writes it).
 
 `onFailure: Rollback` renders the children from it instead of the user's spec, which is never rewritten.
 The ConfigMap (NAME-last-good, key spec.json) is a child like the others: it goes with its owner.
@@ -16,12 +17,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from mooncake_operator.api.group import FIELD_MANAGER, GROUP
+from mooncake_operator.api.group import GROUP
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.build.names import labels, object_meta
-from mooncake_operator.kube.client import KubeClient
 
 REVISION_ANNOTATION = f"{GROUP}/revision"
 SPEC_KEY = "spec.json"
@@ -90,10 +90,3 @@ def verified_last_good(
             f"is {recorded}: it was changed after the canary proved it"
         )
     return stored, None
-
-
-async def write_last_good(
-    kube: KubeClient, resource: MooncakeServing, spec: MooncakeServingSpec, *, owner_uid: str
-) -> None:
-    """Store `spec` as the last good revision (the planner decides when: it differs from the stored one)."""
-    await kube.apply(last_good_manifest(resource, spec, owner_uid=owner_uid), field_manager=FIELD_MANAGER)

@@ -1,4 +1,5 @@
-"""Readiness of the master and the replicas, read from the workloads and their pods (pure over manifests).
+"""Readiness of the master and the replicas, read from the workloads and their pods (pure over manifests;
+`act.snapshot` reads them from the watch cache).
 
 Ready means rolled out *and* Ready: the master Deployment has observed its generation, its pods are all of
 the current template and one is Ready; every replica pod NAME-replica-<i> exists, is Ready, is not being
@@ -12,20 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mooncake_operator.api.group import KIND
 from mooncake_operator.api.resource import MooncakeServing
-from mooncake_operator.build.etcd import ha_enabled
-from mooncake_operator.build.names import (
-    COMPONENT_MASTER,
-    COMPONENT_REPLICA,
-    LABEL_COMPONENT,
-    TEMPLATE_ANNOTATION,
-    TRAFFIC_LABEL,
-    ChildNames,
-    replica_pod_names,
-)
-from mooncake_operator.build.ownership import controlled_by, controller_reference
-from mooncake_operator.reconcile.cache import MAX_FOREIGN_NAMES, WatchCache, in_client_service
+from mooncake_operator.build.names import LABEL_COMPONENT, TRAFFIC_LABEL, replica_pod_names
 
 # The pod template a pod runs (a ControllerRevision of its StatefulSet): not the spec revision, nor the
 # model's.
@@ -54,7 +43,7 @@ class PodInfo:
 class MasterState:
     ready: bool
     message: str
-    pod: PodInfo | None = None  # with highly available masters: the leader's pod (reconcile.leader)
+    pod: PodInfo | None = None  # with highly available masters: the leader's pod (decide.leadership)
     pods: tuple[PodInfo, ...] = ()  # every master pod found, ordered by name
 
 
@@ -146,7 +135,7 @@ def ha_master_rollout_state(
     resource: MooncakeServing, stateful_set: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]
 ) -> MasterState:
     """Highly available masters, before asking who leads: rolled out, and every master pod Ready (a
-    standby is Ready too: it runs and takes part in the election). `reconcile.leader` then decides."""
+    standby is Ready too: it runs and takes part in the election). `leadership.find_leader` then decides."""
     infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
     if stateful_set is None:
         return MasterState(False, "master StatefulSet not found", None, infos)
@@ -218,73 +207,9 @@ def in_set(pod_name: str, replica_set: str) -> bool:
     return ordinal != pod_name and ordinal.isdigit()
 
 
-def owned_replica_sets(cache: WatchCache, resource: MooncakeServing) -> dict[str, Mapping[str, Any]]:
-    """The resource's replica StatefulSets, by UID: those whose controller is this MooncakeServing (its
-    UID, not only its name: a resource deleted and re-created under the name is another owner)."""
-    found: dict[str, Mapping[str, Any]] = {}
-    for stateful_set in cache.owned(
-        "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
-    ):
-        metadata = stateful_set.get("metadata") or {}
-        if _component(stateful_set) == COMPONENT_REPLICA and controlled_by(
-            stateful_set, KIND, resource.metadata.uid
-        ):
-            found[str(metadata.get("uid") or "")] = stateful_set
-    return found
-
-
-def replica_sets(cache: WatchCache, resource: MooncakeServing) -> list[LiveSet]:
-    """The resource's replica StatefulSets (not being deleted), by name."""
-    found = []
-    for stateful_set in cache.owned(
-        "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
-    ):
-        metadata = stateful_set.get("metadata") or {}
-        if _component(stateful_set) != COMPONENT_REPLICA or metadata.get("deletionTimestamp"):
-            continue
-        template = (metadata.get("annotations") or {}).get(TEMPLATE_ANNOTATION)
-        found.append(LiveSet(str(metadata.get("name", "")), template))
-    return sorted(found, key=lambda live: live.name)
-
-
-def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | None = None) -> Observation:
-    """From the watch cache: the master, the replica set `replica_set` (default NAME-replica) and the
-    resource's pods, by component and set."""
-    name, namespace = resource.metadata.name, resource.metadata.namespace
-    names = ChildNames.of(name)
-    set_name = replica_set or names.replicas
-    ha = ha_enabled(resource)
-    master_kind = "StatefulSet" if ha else "Deployment"
-    master_workload = cache.get("apps/v1", master_kind, namespace, names.master)
-    stateful_set = cache.get("apps/v1", "StatefulSet", namespace, set_name)
-    pods = cache.owned("v1", "Pod", namespace, name)
-    master_pods = [pod for pod in pods if _component(pod) == COMPONENT_MASTER]
-    # A replica pod is one a replica StatefulSet of this resource created (the controller reference's
-    # UIDs, pod -> StatefulSet -> this MooncakeServing): labels and names alone are anyone's to copy.
-    sets = owned_replica_sets(cache, resource)
-    set_uids = {uid for uid, found in sets.items() if _name(found) == set_name}
-    own, other_pods, foreign = [], [], set(cache.foreign_pods(namespace, name))
-    for pod in pods:
-        reference = controller_reference(pod) or {}
-        if reference.get("kind") == "StatefulSet" and reference.get("uid") in set_uids:
-            own.append(pod)
-        elif reference.get("kind") == "StatefulSet" and reference.get("uid") in sets:
-            other_pods.append(pod)
-        elif _component(pod) != COMPONENT_MASTER and in_client_service(pod) == name:
-            foreign.add(_name(pod))
-    others = tuple(sorted((pod_info(pod) for pod in other_pods), key=lambda info: info.name))
-    master = (
-        ha_master_rollout_state(resource, master_workload, master_pods)
-        if ha
-        else master_state(master_workload, master_pods)
-    )
-    replicas = replica_state(resource, stateful_set if set_uids else None, own, set_name)
-    return Observation(master, replicas, others, tuple(sorted(foreign)[:MAX_FOREIGN_NAMES]))
-
-
-def _name(obj: Mapping[str, Any]) -> str:
+def name_of(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-def _component(pod: Mapping[str, Any]) -> str | None:
+def component_of(pod: Mapping[str, Any]) -> str | None:
     return ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_COMPONENT)

@@ -1,29 +1,13 @@
-"""The reconcile's decisions, as pure functions: what to render, what the status says, who serves users,
-whether a canary runs, who leads the masters, whether to record the last good revision or roll back,
-when to try again.
+"""The reconcile's decision, as a pure function: what the status says, whether a canary runs, whether to
+record the last good revision or roll back, which sets go, when to try again.
 
 A pass reads the resource, its stored status, the last good record and the live replica sets; `choose`
-decides what to render from them (the revision, its replica pod template and the set it goes into).
-`core` applies that, observes the children and asks the masters who leads, and hands the whole
-`Snapshot` to `decide`, which returns the actions (`reconcile.actions`) in the order `core` carries them
-out: record the last good revision, write the status, then set the traffic labels (a status write that
-fails leaves every label as it was, so it can never put a held replica back in traffic). When the
-decision ends with a canary run, `core` runs it and calls `decide` again on the same snapshot with the
-run's result.
-
-Traffic (the client Service selects `traffic: on`): a replica pod starts `off` (pod template) and serves
-only after a passing canary covered it at its current revision: the run's target lists it as `name=uid`,
-and a pod's template never changes under one UID, so the record is per pod instance. Pods keep serving
-while their UID lives, so a proven revision's pods serve during an in-place rollout until replaced; a
-replaced or new pod waits for a pass. A failed run holds the pods it blames (`outOfTraffic`, by name,
-until a pass); an inconclusive one changes nothing. With the canary disabled every pod serves.
-
-Rollout strategies (`choose_sets`): InPlace renders the spec into the serving StatefulSet, which rolls.
-BlueGreen does so too while the pod template is unchanged (or nothing serves users yet); a new template
-is rendered into a candidate set of its own beside the serving one, which is left as it runs. The canary
-proves the candidate's pods alone; on a pass the status names the candidate as serving, its pods go on
-and the old set's off, then the old set is deleted. A failed or inconclusive candidate never serves:
-Hold keeps it for inspection, Rollback deletes it (and renders the last good spec, the serving set's).
+decides what to render from them. `act.core` applies that, observes the children and asks the masters who
+leads, and hands the whole `Snapshot` to `decide`, which returns the actions (`actions`) in the order
+`act.core` carries them out: record the last good revision, write the status, then set the traffic
+labels (a status write that fails leaves every label as it was, so it can never put a held replica back
+in traffic). When the decision ends with a canary run, `act.core` runs it and calls `decide` again on the
+same snapshot with the run's result.
 """
 
 from __future__ import annotations
@@ -32,11 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from mooncake_operator.api.group import RERUN_CANARY_ANNOTATION
 from mooncake_operator.api.resource import MooncakeServing
-from mooncake_operator.api.spec import MooncakeServingSpec, RolloutStrategy
+from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.api.status import (
     MAX_FOREIGN_PODS,
     CanaryStatus,
@@ -44,89 +26,39 @@ from mooncake_operator.api.status import (
     CandidatePhase,
     HighAvailabilityStatus,
     MooncakeServingStatus,
-    PodTraffic,
     ReplicaCounts,
     RolloutStatus,
     TrafficStatus,
 )
-from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.build.etcd import ha_enabled
-from mooncake_operator.build.names import (
-    TRAFFIC_OFF,
-    TRAFFIC_ON,
-    replica_pod_names,
-    replica_selector_string,
-    replica_set_name,
-)
-from mooncake_operator.build.replicas import ReplicaTemplate
-from mooncake_operator.conditions import READY, find, merge_conditions
-from mooncake_operator.master_health import MasterView
-from mooncake_operator.reconcile import leader, proof, status
-from mooncake_operator.reconcile.actions import (
+from mooncake_operator.build.names import replica_pod_names, replica_selector_string
+from mooncake_operator.canary.status import format_time
+from mooncake_operator.reconcile.decide import status
+from mooncake_operator.reconcile.decide.actions import (
     Action,
     Decision,
     Outcome,
     PostEvent,
+    ReconcileResult,
     RecordLastGood,
     RemoveSets,
     RunCanary,
     SetTraffic,
     WriteStatus,
 )
-from mooncake_operator.reconcile.observe import LiveSet, Observation, PodInfo, in_set
-from mooncake_operator.reconcile.revisions import LastGood, verified_last_good
-from mooncake_operator.runtime.metrics import ReconcileResult
-
-
-@dataclass(frozen=True)
-class SpecRevisionChoice:
-    """Which revision the children are rendered from."""
-
-    revisions: status.SpecRevisions
-    spec: MooncakeServingSpec
-
-
-@dataclass(frozen=True)
-class CanaryRun:
-    """A run that just finished: its evidence, and the pods a failure blames."""
-
-    canary: CanaryStatus
-    blamed: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SetChoice:
-    """The replica set the spec is rendered into (`active`) and, only while `active` is a BlueGreen
-    candidate, the set that serves users meanwhile (`serving`: not rendered, left as it runs)."""
-
-    strategy: RolloutStrategy
-    active: str
-    serving: str | None = None
-    remove: tuple[str, ...] = ()  # other sets of the resource: deleted after the status and labels
-
-    @property
-    def candidate(self) -> str | None:
-        return self.active if self.serving is not None else None
+from mooncake_operator.reconcile.decide.choose import Rendering, SetChoice, SpecRevisionChoice, rerun_value
+from mooncake_operator.reconcile.decide.conditions import READY, find, merge_conditions
+from mooncake_operator.reconcile.decide.leadership import MasterView, find_leader, track
+from mooncake_operator.reconcile.decide.observe import Observation
+from mooncake_operator.reconcile.decide.revisions import LastGood
+from mooncake_operator.reconcile.decide.schedule import canary_due, current_target
+from mooncake_operator.reconcile.decide.traffic import CanaryRun, label_changes, next_held, next_traffic
 
 
 @dataclass(frozen=True)
 class Timing:
     retry_delay_seconds: float
     inconclusive_retry_seconds: float
-
-
-@dataclass(frozen=True)
-class Rendering:
-    """What the children are rendered from (decided by `choose` before anything is applied): the
-    verified last good record, the chosen revision, the resource with its spec (`serving`), the replica
-    pod template it renders (rendered once per pass) and the set it goes into."""
-
-    choice: SpecRevisionChoice
-    serving: MooncakeServing
-    template: ReplicaTemplate
-    sets: SetChoice
-    last_good: LastGood | None = None  # the NAME-last-good record, when trusted
-    last_good_refused: str | None = None  # why the stored last good record was not trusted
 
 
 @dataclass(frozen=True)
@@ -170,253 +102,12 @@ class _Plan:
     remove_sets: tuple[str, ...] = ()
 
 
-# --- which revision to render ---------------------------------------------------------------------------
-
-
-def rerun_value(resource: MooncakeServing) -> str | None:
-    return resource.metadata.annotations.get(RERUN_CANARY_ANNOTATION)
-
-
-def rerun_requested(resource: MooncakeServing, last: CanaryStatus | None) -> bool:
-    """The rerun-canary annotation holds a value no run has been run against yet."""
-    rerun = rerun_value(resource)
-    return rerun is not None and (last is None or last.target is None or last.target.rerun != rerun)
-
-
-def choose_spec_revision(
-    resource: MooncakeServing, current: MooncakeServingStatus, last_good: LastGood | None
-) -> SpecRevisionChoice:
-    """The spec's revision, or the last good one while the spec's revision stands rolled back."""
-    spec = resource.spec
-    desired = spec_hash(spec)
-    failed = current.failed_revision
-    if failed is not None and (
-        failed != desired or rerun_requested(resource, current.canary) or spec.canary.on_failure != "Rollback"
-    ):
-        failed = None  # a new spec, a retry, or Rollback turned off: roll the spec out
-    if failed is not None and last_good is not None and last_good.spec_revision != desired:
-        revisions = status.SpecRevisions(desired, last_good.spec_revision, failed, current.last_good_revision)
-        return SpecRevisionChoice(revisions, last_good.spec)
-    return SpecRevisionChoice(status.SpecRevisions(desired, desired, None, current.last_good_revision), spec)
-
-
-def _serves_users(current: MooncakeServingStatus, replica_set: str) -> bool:
-    return any(
-        entry.serving and in_set(entry.name, replica_set) for entry in previous_traffic(current).values()
-    )
-
-
-def choose_sets(
-    resource: MooncakeServing, current: MooncakeServingStatus, live: Sequence[LiveSet], template: str
-) -> SetChoice:
-    """Which replica set the chosen spec (whose pod template digest is `template`) is rendered into.
-
-    The serving set is the one the status names, else NAME-replica, else the only set. InPlace, or a
-    serving set with the same template (or none recorded: applied before sets carried one), or one
-    whose pods serve no users yet: render into it (it rolls). Otherwise (BlueGreen) into the candidate
-    NAME-r<template>, beside the serving set. Any other set of the resource is removed: a candidate of a
-    template the spec no longer renders (a reverted or changed spec), or one left by a strategy change.
-    """
-    strategy = resource.spec.rollout_strategy
-    default = replica_set_name(resource)
-    by_name = {found.name: found for found in live}
-    recorded = current.rollout.serving_set if current.rollout is not None else None
-    if recorded is not None and recorded in by_name:
-        serving = recorded
-    elif default in by_name or not by_name:
-        serving = default
-    elif len(by_name) == 1:
-        serving = next(iter(by_name))
-    else:  # several sets and none known to serve: touch none of them
-        return SetChoice(strategy, default)
-
-    def others(*kept: str) -> tuple[str, ...]:
-        return tuple(name for name in sorted(by_name) if name not in kept)
-
-    found = by_name.get(serving)
-    in_place = (
-        strategy == "InPlace"
-        or found is None
-        or found.template in (None, template)
-        or not _serves_users(current, serving)
-    )
-    if in_place:
-        return SetChoice(strategy, serving, remove=others(serving))
-    candidate = replica_set_name(resource, template)
-    return SetChoice(strategy, candidate, serving, remove=others(serving, candidate))
-
-
-# --- traffic ------------------------------------------------------------------------------------------
-
-
-def previous_traffic(current: MooncakeServingStatus) -> dict[str, PodTraffic]:
-    """The last recorded traffic by pod UID. A status written before traffic was recorded: the pods the
-    last passing run covered serve (what the labels said then), except the held ones."""
-    if current.traffic is not None:
-        return {entry.uid: entry for entry in current.traffic.pods}
-    canary = current.canary
-    if canary is None or canary.verdict != "Passed" or canary.target is None:
-        return {}
-    entries = {}
-    for identity in canary.target.replica_pods:
-        name, _, uid = identity.split("#")[0].partition("=")
-        if name not in current.out_of_traffic:
-            reason = f"proven by canary run {canary.run_id}"
-            entries[uid] = PodTraffic(
-                name=name, uid=uid, serving=True, reason=reason, proven_by=canary.run_id
-            )
-    return entries
-
-
-def next_held(current: MooncakeServingStatus, fresh: CanaryRun | None, *, enabled: bool) -> list[str]:
-    """Pods held out of traffic by name: a failed run adds the pods it blames, a pass releases all."""
-    if not enabled:
-        return []
-    held = set(current.out_of_traffic)
-    if fresh is not None and fresh.canary.verdict == "Passed":
-        held = set()
-    elif fresh is not None and fresh.canary.verdict == "Failed":
-        held |= set(fresh.blamed)
-    return sorted(held)
-
-
-def traffic_entry(pod: PodInfo, serving: bool, reason: str, proven_by: str | None = None) -> PodTraffic:
-    """One pod's traffic record: who it is, whether it serves, and why."""
-    return PodTraffic(
-        name=pod.name,
-        uid=pod.uid,
-        revision=pod.template_hash,
-        serving=serving,
-        reason=reason,
-        proven_by=proven_by,
-        restarts=pod.restarts,
-    )
-
-
-def pod_traffic(
-    pod: PodInfo,
-    previous: PodTraffic | None,
-    fresh: CanaryRun | None,
-    held: Sequence[str],
-    *,
-    enabled: bool,
-) -> PodTraffic:
-    """Whether one pod serves, and why."""
-
-    def entry(serving: bool, reason: str, proven_by: str | None = None) -> PodTraffic:
-        return traffic_entry(pod, serving, reason, proven_by)
-
-    template_hash = pod.template_hash or "unknown"
-    previous = unproven_if_restarted(pod, previous)
-    if not enabled:
-        return entry(True, "canary disabled (spec.canary.enabled: false): serves once Ready")
-    if pod.name in held:
-        return entry(False, "held: a failed canary blamed this replica; back after a passing run")
-    run = fresh.canary if fresh is not None else None
-    if run is not None and run.target is not None and pod.identity in run.target.replica_pods:
-        if run.verdict == "Passed":
-            return entry(
-                True, f"proven by canary run {run.run_id} at pod template {template_hash}", run.run_id
-            )
-        if previous is not None and previous.serving:
-            return previous.model_copy(update={"revision": pod.template_hash, "restarts": pod.restarts})
-        return entry(
-            False, f"not proven: canary run {run.run_id} at pod template {template_hash} was {run.verdict}"
-        )
-    if previous is not None:
-        return previous.model_copy(
-            update={"name": pod.name, "revision": pod.template_hash, "restarts": pod.restarts}
-        )
-    return entry(False, f"new pod at pod template {template_hash}: waits for a canary to prove it")
-
-
-def unproven_if_restarted(pod: PodInfo, previous: PodTraffic | None) -> PodTraffic | None:
-    """A pod whose containers restarted since `previous` was written runs a new engine process under the
-    same UID, which no canary proved: out of traffic until one does (its identity, and so the canary's
-    target, changed with the restart count). Entries written without a restart count are kept as they are."""
-    if previous is None or previous.restarts is None or pod.restarts <= previous.restarts:
-        return previous
-    return previous.model_copy(
-        update={
-            "serving": False,
-            "proven_by": None,
-            "restarts": pod.restarts,
-            "reason": f"engine restarted in place (restarts {previous.restarts} -> {pod.restarts}): "
-            "waits for a canary to prove it",
-        }
-    )
-
-
-def other_set_traffic(
-    pod: PodInfo, previous: PodTraffic | None, serving_set: str | None, switched_to: str | None
-) -> PodTraffic:
-    """A pod of a set the spec is not rendered into: as it was (the serving set during a BlueGreen
-    rollout), out once the client Service switched to `switched_to`."""
-
-    def out(reason: str) -> PodTraffic:
-        return traffic_entry(pod, False, reason)
-
-    if switched_to is not None:
-        return out(f"replaced by replica set {switched_to} (BlueGreen switch); its set is removed")
-    previous = unproven_if_restarted(pod, previous)
-    if previous is not None:
-        return previous.model_copy(
-            update={"name": pod.name, "revision": pod.template_hash, "restarts": pod.restarts}
-        )
-    if serving_set is not None and in_set(pod.name, serving_set):
-        # Replaced during a BlueGreen rollout: no canary runs on the serving set until the rollout ends.
-        return out(f"new pod of serving set {serving_set} during a BlueGreen rollout: not proven")
-    return out("not in the replica set the spec is rendered into; its set is removed")
-
-
-def next_traffic(
-    current: MooncakeServingStatus,
-    observation: Observation,
-    fresh: CanaryRun | None,
-    held: Sequence[str],
-    *,
-    enabled: bool,
-    candidate: str | None = None,
-    serving_set: str | None = None,
-    switched: bool = False,
-) -> TrafficStatus:
-    """Every live replica pod (terminating ones are leaving the Service anyway), by name: the active
-    set's, then the other sets'. A BlueGreen `candidate`'s pods stay out until the switch (`switched`)."""
-    previous = previous_traffic(current)
-    pods = []
-    for pod in observation.replicas.pods:
-        if pod.terminating:
-            continue
-        entry = pod_traffic(pod, previous.get(pod.uid), fresh, held, enabled=enabled)
-        if candidate is not None and not switched and entry.serving:
-            reason = f"BlueGreen candidate set {candidate}: serves from the switch on"
-            entry = entry.model_copy(update={"serving": False, "reason": reason})
-        pods.append(entry)
-    switched_to = candidate if switched else None
-    pods += [
-        other_set_traffic(pod, previous.get(pod.uid), serving_set, switched_to)
-        for pod in observation.others
-        if not pod.terminating
-    ]
-    return TrafficStatus(serving=sum(1 for pod in pods if pod.serving), pods=pods)
-
-
-def label_changes(observation: Observation, traffic: TrafficStatus) -> dict[str, str]:
-    """Pod name -> the label value it must get, for pods whose label differs."""
-    labels = {pod.name: pod.traffic for pod in (*observation.replicas.pods, *observation.others)}
-    wanted = {entry.name: TRAFFIC_ON if entry.serving else TRAFFIC_OFF for entry in traffic.pods}
-    return {name: value for name, value in wanted.items() if labels.get(name) != value}
-
-
-# --- the plan -----------------------------------------------------------------------------------------
-
-
 def canary_target(inputs: _Inputs) -> CanaryTarget:
     serving = inputs.resource.model_copy(update={"spec": inputs.choice.spec})
     by_name = {pod.name: pod for pod in inputs.observation.replicas.pods}
     names = replica_pod_names(serving, inputs.sets.active)
     master = inputs.observation.master.pod
-    return proof.current_target(
+    return current_target(
         revision=inputs.choice.revisions.serving,
         generation=inputs.resource.metadata.generation,
         replica_pods=[by_name[name].identity for name in names],
@@ -427,7 +118,7 @@ def canary_target(inputs: _Inputs) -> CanaryTarget:
     )
 
 
-def replica_urls(observation: Observation, pod_names: Sequence[str], port: int) -> list[str] | str:
+def canary_urls(observation: Observation, pod_names: Sequence[str], port: int) -> list[str] | str:
     """The canary's URL of each of `pod_names` (ordinal order): the IP of the pod the observation found
     (a pod this resource's StatefulSet created), never a DNS name another pod with the same
     hostname/subdomain could answer for. Or why there are none to use: a pod missing, or without an IP."""
@@ -494,7 +185,7 @@ def _next_status(
         conditions=merge_conditions(
             inputs.current.conditions,
             reported.conditions,
-            now=proof.format_time(inputs.now),
+            now=format_time(inputs.now),
             generation=generation,
         ),
         replicas=ReplicaCounts(desired=replicas.desired, ready=replicas.ready),
@@ -650,7 +341,7 @@ def _plan(inputs: _Inputs) -> _Plan:
         return planned(reported, outcome, switched=sets.candidate is not None)
     if inputs.fresh is None:
         target = canary_target(inputs)
-        why = proof.canary_due(
+        why = canary_due(
             canary,
             target,
             now=inputs.now,
@@ -692,37 +383,6 @@ def _plan(inputs: _Inputs) -> _Plan:
     return planned(reported, outcome, record_last_good=record, phase=phase, switched=switched)
 
 
-# --- one pass: choose what to render, then decide from the snapshot --------------------------------------
-
-
-def rendering(
-    resource: MooncakeServing,
-    current: MooncakeServingStatus,
-    last_good: LastGood | None,
-    live: Sequence[LiveSet],
-    *,
-    last_good_refused: str | None = None,
-) -> Rendering:
-    """The revision to render, its replica pod template (rendered here, once) and the set it goes into."""
-    choice = choose_spec_revision(resource, current, last_good)
-    serving = resource.model_copy(update={"spec": choice.spec})
-    template = ReplicaTemplate.of(serving)
-    sets = choose_sets(resource, current, live, template.id)
-    return Rendering(choice, serving, template, sets, last_good, last_good_refused)
-
-
-def choose(
-    resource: MooncakeServing,
-    current: MooncakeServingStatus,
-    last_good_record: dict[str, Any] | None,
-    live: Sequence[LiveSet],
-) -> Rendering:
-    """What to render, from what the pass read: the NAME-last-good ConfigMap is trusted only when it holds
-    the revision the status recorded (`revisions.verified_last_good`)."""
-    last_good, refused = verified_last_good(last_good_record, current.last_good_revision)
-    return rendering(resource, current, last_good, live, last_good_refused=refused)
-
-
 def _leadership(
     snapshot: Snapshot,
 ) -> tuple[Observation, HighAvailabilityStatus | None, PostEvent | None]:
@@ -730,10 +390,8 @@ def _leadership(
     leader record, and the failover event when the leader changed."""
     if snapshot.master_views is None:
         return snapshot.observation, None, None
-    found = leader.decide(snapshot.rendering.serving, snapshot.observation, snapshot.master_views)
-    tracked, failover = leader.track(
-        snapshot.status.high_availability, found, now=proof.format_time(snapshot.now)
-    )
+    found = find_leader(snapshot.rendering.serving, snapshot.observation, snapshot.master_views)
+    tracked, failover = track(snapshot.status.high_availability, found, now=format_time(snapshot.now))
     event = None if failover is None else PostEvent(reason="MasterFailover", message=failover, type="Warning")
     return found.observation, tracked, event
 
@@ -824,7 +482,7 @@ def _not_reconciled(
 ) -> list[Action]:
     """`reported` written over the stored status, every other field kept."""
     conditions = merge_conditions(
-        current.conditions, reported.conditions, now=proof.format_time(now), generation=generation
+        current.conditions, reported.conditions, now=format_time(now), generation=generation
     )
     update = {"phase": reported.phase, "observed_generation": generation, "conditions": conditions}
     return _status_actions(current, reported, current.model_copy(update=update))
