@@ -325,7 +325,7 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     before = HighAvailabilityStatus(leader="minimax-m25-master-0", leader_address="10.0.0.4:50051")
     stored = MooncakeServingStatus(phase="Ready", high_availability=before)
     now = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
-    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60, leader_check_seconds=30)
     views = (MasterView.parse(STANDBY_HEALTH), MasterView.parse(LEADER_HEALTH), None)
     rendering = choose.rendering(resource, stored, None, ())
     snapshot = plan.Snapshot(resource, stored, rendering, observation, now, timing, master_views=views)
@@ -351,6 +351,8 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     after = plan.decide(snapshot, traffic.CanaryRun(run), now=now)
     assert failover not in after.actions
     assert after.status.high_availability == tracked and after.status.phase == "Ready"
+    # Who leads is asked over HTTP, not watched: the decision tells the worker when to ask again.
+    assert after.outcome is not None and after.outcome.leader_check_in == timing.leader_check_seconds
     # A single master: nobody to ask, no leader recorded.
     single = dataclasses.replace(snapshot, master_views=None)
     assert plan.decide(single).status.high_availability is None

@@ -32,7 +32,7 @@ from mooncake_operator.reconcile.decide.traffic import CanaryRun
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
-TIMING = Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+TIMING = Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60, leader_check_seconds=30)
 OLD_IMAGE = "registry.invalid/vllm-mooncake:1"
 NEW_IMAGE = "registry.invalid/vllm-mooncake:2"
 MASTER = PodInfo("demo-master-x", "master-uid", True, False, "m1", 0, None)
@@ -433,6 +433,30 @@ def test_plan(case: Case) -> None:
         assert (decided.outcome.result, decided.outcome.retry_after) == (case.result, case.retry_after)
 
 
+def test_the_decision_carries_its_timers() -> None:
+    """The worker sleeps on the decision's timers (it reads no spec of its own): the canary interval
+    falls due counted from the last finished run; a single master needs no leader check."""
+    settled = decide(CASES["nothing changed: no run, no label write, nothing recorded"]).outcome
+    assert settled is not None and (settled.canary_due_in, settled.leader_check_in) == (None, None)
+    assert settled.sleep_seconds(600) == 600
+    wire = resource().to_wire()
+    wire["spec"]["canary"]["intervalSeconds"] = 60
+    every_minute = parse_resource(wire)
+    revision = spec_hash(every_minute.spec)
+    last = run("Passed", P0_ON, P1_ON, revision=revision)  # finished 5 s before NOW
+    case = Case(
+        every_minute,
+        stored(P0_ON, P1_ON, canary=last, last_good=revision),
+        observation(P0_ON, P1_ON),
+        last_good=LastGood(revision, every_minute.spec),
+    )
+    timed = decide(case).outcome
+    assert timed is not None and timed.result is ReconcileResult.READY
+    assert timed.canary_due_in == 55 and timed.sleep_seconds(600) == 55
+    assert Outcome(ReconcileResult.WAITING, retry_after=10, canary_due_in=55).sleep_seconds(600) == 10
+    assert Outcome(ReconcileResult.READY, leader_check_in=30).sleep_seconds(20) == 20
+
+
 def test_every_pod_says_why_it_serves_or_not() -> None:
     passed = decide(CASES["pass: proven pods get traffic, last good recorded"]).status.traffic
     assert passed is not None
@@ -524,7 +548,7 @@ def test_an_invalid_spec_says_why_and_posts_an_event_when_what_is_wrong_changes(
 def test_a_refused_child_keeps_the_phase_and_is_retried() -> None:
     stored = MooncakeServingStatus(phase="Ready", last_good_revision=NEW)
     refused = plan.apply_failed(
-        stored, "applying Service/demo failed: 422", generation=2, now=NOW, timing=TIMING
+        resource(), stored, "applying Service/demo failed: 422", generation=2, now=NOW, timing=TIMING
     )
     assert summary(refused.actions) == (("status", "Ready", "ApplyFailed"),)
     assert refused.status.last_good_revision == NEW  # every other field kept

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from mooncake_operator.api.canary_spec import CanarySpec
 from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.api.status import CanaryStatus, CanaryTarget
@@ -31,7 +32,7 @@ from mooncake_operator.canary.status import (
     canary_status,
     format_time,
 )
-from mooncake_operator.reconcile.decide.schedule import canary_due, current_target
+from mooncake_operator.reconcile.decide.schedule import canary_due, current_target, interval_due_in
 
 pytestmark = pytest.mark.unit
 
@@ -333,3 +334,18 @@ def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> N
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=corrupt), verdict=Verdict.INCONCLUSIVE
     )
     assert policy.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE
+
+
+def test_the_canary_interval_is_due_counted_from_the_last_finished_run() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def finished(seconds_ago: int) -> CanaryStatus:
+        at = (now - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return CanaryStatus(run_id="r", verdict="Passed", finished_at=at)
+
+    every_minute = CanarySpec(interval_seconds=60)
+    assert interval_due_in(every_minute, finished(45), now) == 15
+    assert interval_due_in(every_minute, finished(75), now) is None  # just handled
+    assert interval_due_in(CanarySpec(), finished(45), now) is None
+    assert interval_due_in(every_minute, None, now) is None
+    assert interval_due_in(CanarySpec(enabled=False, interval_seconds=60), finished(45), now) is None

@@ -249,7 +249,7 @@ def planned(foreign: tuple[str, ...], stored: MooncakeServingStatus) -> actions.
     seen = Observation(
         MasterState(False, "master pod not created yet"), ReplicaState(2, 0, False, "0/2"), foreign=foreign
     )
-    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60, leader_check_seconds=30)
     now = datetime(2026, 12, 1, tzinfo=UTC)
     return plan.decide(plan.Snapshot(resource, stored, rendering, seen, now, timing))
 

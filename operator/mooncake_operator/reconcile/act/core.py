@@ -343,6 +343,7 @@ class _Pass:
         self.timing = Timing(
             retry_delay_seconds=self.settings.retry_delay_seconds,
             inconclusive_retry_seconds=self.settings.inconclusive_retry_seconds,
+            leader_check_seconds=self.settings.leader_check_seconds,
         )
 
     async def run(self) -> Outcome:
@@ -394,7 +395,9 @@ class _Pass:
             self.runtime.metrics.apply_failed(self.namespace, name, error.kind, error.error.status)
             logger.warning("%s/%s: %s", self.namespace, name, error)
             message = str(error)
-            return apply_failed(self.stored, message, generation=generation, now=self.now, timing=self.timing)
+            return apply_failed(
+                self.resource, self.stored, message, generation=generation, now=self.now, timing=self.timing
+            )
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))

@@ -3,8 +3,9 @@
 A worker reconciles its resource, then sleeps until the first of: a change to the resource or one of
 its children or pods (the watch cache calls `Wakes.poke` with the owner), the delay its outcome asks for
 (an API error, waiting for pods or a leading master, an inconclusive canary, a rollback's next step), the
-canary interval falling due, the leader check of highly available masters, or the periodic resync (a
-safety net only: every Kubernetes input arrives through the watches). Pokes that land while a reconcile
+canary interval falling due, the leader check of highly available masters (the decision carries these
+timers: `Outcome.sleep_seconds`), or the periodic resync (a safety net only: every Kubernetes input
+arrives through the watches). Pokes that land while a reconcile
 runs are kept, so a change made during one causes exactly one more; bursts within `COALESCE_SECONDS`
 cost one reconcile.
 
@@ -20,11 +21,8 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Final
 
-from mooncake_operator.api.group import API_VERSION, KIND
-from mooncake_operator.canary.status import parse_time
 from mooncake_operator.reconcile.act.cache import WatchCache
 from mooncake_operator.reconcile.act.core import Runtime, reconcile
 from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
@@ -36,41 +34,6 @@ WORKERS_STOPPED = "stopped all"
 COALESCE_SECONDS: Final = 0.05
 # After a reconcile raised a bug: kopf's delay before it restarted a daemon that raised, kept.
 RESTART_SECONDS: Final = 60.0
-
-
-def interval_due_in(body: dict[str, Any] | None, now: datetime) -> float | None:
-    """Seconds until `spec.canary.intervalSeconds` has elapsed since the last run finished (None: no
-    interval, or it is already due, which the reconcile has just handled)."""
-    if body is None:
-        return None
-    canary_spec = (body.get("spec") or {}).get("canary") or {}
-    interval = canary_spec.get("intervalSeconds")
-    finished = parse_time((((body.get("status") or {}).get("canary")) or {}).get("finishedAt"))
-    if interval is None or finished is None or canary_spec.get("enabled") is False:
-        return None
-    remaining = float(interval) - (now - finished).total_seconds()
-    return remaining if remaining > 0 else None
-
-
-def has_ha_masters(body: dict[str, Any] | None) -> bool:
-    master = (((body or {}).get("spec") or {}).get("store") or {}).get("master") or {}
-    return bool((master.get("highAvailability") or {}).get("enabled"))
-
-
-def next_delay(runtime: Runtime, namespace: str, name: str, outcome: Outcome) -> float:
-    """How long the worker may sleep without a poke."""
-    delays = [runtime.settings.resync_seconds]
-    if outcome.retry_after is not None:
-        delays.append(outcome.retry_after)
-    body = runtime.cache.get(API_VERSION, KIND, namespace, name)
-    due = interval_due_in(body, runtime.clock())
-    if due is not None:
-        delays.append(due)
-    if has_ha_masters(body):
-        # Who leads is asked over HTTP (`act.master_health`), not watched, and a failover need not change
-        # any pod. No API request: the reconcile reads the cache.
-        delays.append(runtime.settings.leader_check_seconds)
-    return max(min(delays), 0.0)
 
 
 def log_outcome(namespace: str, name: str, outcome: Outcome, previous: Outcome | None) -> None:
@@ -106,7 +69,7 @@ async def run_worker(runtime: Runtime, namespace: str, name: str) -> None:
             # as the wake-up does, and the worker would outlive its resource or the operator.
             woken = asyncio.ensure_future(wake.wait())
             try:
-                await asyncio.wait({woken}, timeout=next_delay(runtime, namespace, name, outcome))
+                await asyncio.wait({woken}, timeout=outcome.sleep_seconds(runtime.settings.resync_seconds))
             finally:
                 woken.cancel()
             if wake.is_set():

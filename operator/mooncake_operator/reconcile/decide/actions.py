@@ -35,6 +35,15 @@ class Outcome:
     message: str = ""
     # Set when the worker should look again this soon; None: done until the next change.
     retry_after: float | None = None
+    # The decision's timers, which no watch reports: seconds until the canary's interval falls due, and
+    # until the next look at who leads highly available masters (asked over HTTP, not watched).
+    canary_due_in: float | None = None
+    leader_check_in: float | None = None
+
+    def sleep_seconds(self, resync_seconds: float) -> float:
+        """How long the worker may sleep without a poke: until its first timer, at most the resync."""
+        timers = (self.retry_after, self.canary_due_in, self.leader_check_in)
+        return max(min([resync_seconds, *(timer for timer in timers if timer is not None)]), 0.0)
 
 
 @dataclass(frozen=True)

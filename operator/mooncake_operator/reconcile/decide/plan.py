@@ -51,7 +51,7 @@ from mooncake_operator.reconcile.decide.conditions import READY, find, merge_con
 from mooncake_operator.reconcile.decide.leadership import MasterView, find_leader, track
 from mooncake_operator.reconcile.decide.observe import Observation
 from mooncake_operator.reconcile.decide.revisions import LastGood
-from mooncake_operator.reconcile.decide.schedule import canary_due, current_target
+from mooncake_operator.reconcile.decide.schedule import canary_due, current_target, interval_due_in
 from mooncake_operator.reconcile.decide.traffic import CanaryRun, label_changes, next_held, next_traffic
 
 
@@ -59,6 +59,7 @@ from mooncake_operator.reconcile.decide.traffic import CanaryRun, label_changes,
 class Timing:
     retry_delay_seconds: float
     inconclusive_retry_seconds: float
+    leader_check_seconds: float  # highly available masters: how often to ask who leads
 
 
 @dataclass(frozen=True)
@@ -415,9 +416,24 @@ def decide(snapshot: Snapshot, fresh: CanaryRun | None = None, *, now: datetime 
     )
     first = _plan(inputs)
     if fresh is None:
-        return _decision(snapshot.status, first, () if failover is None else (failover,))
-    after = _plan(dataclasses.replace(inputs, current=first.status, now=now or snapshot.now, fresh=fresh))
-    return _decision(first.status, after, ())
+        decision = _decision(snapshot.status, first, () if failover is None else (failover,))
+        return with_timers(decision, snapshot.resource, snapshot.now, snapshot.timing)
+    moment = now or snapshot.now
+    after = _plan(dataclasses.replace(inputs, current=first.status, now=moment, fresh=fresh))
+    return with_timers(_decision(first.status, after, ()), snapshot.resource, moment, snapshot.timing)
+
+
+def with_timers(decision: Decision, resource: MooncakeServing, now: datetime, timing: Timing) -> Decision:
+    """The decision with its outcome's timers set, from the spec and the status it writes: when the
+    canary's interval falls due, and when to ask highly available masters again who leads."""
+    if decision.outcome is None:
+        return decision
+    outcome = dataclasses.replace(
+        decision.outcome,
+        canary_due_in=interval_due_in(resource.spec.canary, decision.status.canary, now),
+        leader_check_in=timing.leader_check_seconds if ha_enabled(resource) else None,
+    )
+    return dataclasses.replace(decision, outcome=outcome)
 
 
 def _decision(previous: MooncakeServingStatus, planned: _Plan, first: tuple[Action, ...]) -> Decision:
@@ -497,9 +513,16 @@ def invalid(
 
 
 def apply_failed(
-    current: MooncakeServingStatus, message: str, *, generation: int | None, now: datetime, timing: Timing
+    resource: MooncakeServing,
+    current: MooncakeServingStatus,
+    message: str,
+    *,
+    generation: int | None,
+    now: datetime,
+    timing: Timing,
 ) -> Decision:
     """The API server refused a child: Ready says why, retried soon."""
     reported = status.apply_failed(message, current.phase)
     actions = _not_reconciled(current, reported, generation=generation, now=now)
-    return Decision(tuple(actions), Outcome(ReconcileResult.ERROR, message, timing.retry_delay_seconds))
+    decision = Decision(tuple(actions), Outcome(ReconcileResult.ERROR, message, timing.retry_delay_seconds))
+    return with_timers(decision, resource, now, timing)

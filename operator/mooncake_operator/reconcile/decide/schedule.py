@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from mooncake_operator.api.canary_spec import CanarySpec
 from mooncake_operator.api.status import CanaryStatus, CanaryTarget
 from mooncake_operator.canary.status import parse_time
 
@@ -72,3 +73,13 @@ def canary_due(
     if last.verdict == "Inconclusive" and elapsed >= inconclusive_retry_seconds:
         return "retrying an inconclusive run"
     return None
+
+
+def interval_due_in(spec: CanarySpec, last: CanaryStatus | None, now: datetime) -> float | None:
+    """Seconds until `spec.canary.intervalSeconds` has elapsed since the last run finished (None: no
+    interval, no finished run, or it is already due, which this pass has just handled)."""
+    finished = parse_time(last.finished_at) if last is not None else None
+    if not spec.enabled or spec.interval_seconds is None or finished is None:
+        return None
+    remaining = spec.interval_seconds - (now - finished).total_seconds()
+    return remaining if remaining > 0 else None
