@@ -15,6 +15,7 @@ from mooncake_operator.api.status import (
     PodTraffic,
     TrafficStatus,
 )
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.observe import (
     MasterState,
     Observation,
@@ -23,7 +24,7 @@ from mooncake_operator.reconcile.decide.observe import (
     pod_info,
 )
 from mooncake_operator.reconcile.decide.schedule import canary_due
-from mooncake_operator.reconcile.decide.traffic import CanaryRun, label_changes, next_traffic, pod_traffic
+from mooncake_operator.reconcile.decide.traffic import label_changes, next_traffic, pod_traffic
 
 pytestmark = pytest.mark.unit
 

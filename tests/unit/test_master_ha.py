@@ -26,8 +26,9 @@ from mooncake_operator.build.replicas import replica_stateful_set
 from mooncake_operator.build.store_config import store_config_json
 from mooncake_operator.cli.main import build_parser
 from mooncake_operator.cli.run import settings_from
-from mooncake_operator.reconcile.decide import choose, leadership, plan, schedule, traffic
+from mooncake_operator.reconcile.decide import choose, leadership, plan, schedule
 from mooncake_operator.reconcile.decide.actions import PostEvent
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.leadership import MasterView
 from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_sandbox import SandboxOptions
@@ -348,7 +349,7 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     assert order is not None and order.target.master_leader == "minimax-m25-master-1"
     assert order.target.master_pod == "uid-minimax-m25-master-1"
     run = CanaryStatus(run_id="r", verdict="Passed", finished_at="2026-01-01T00:01:30Z", target=order.target)
-    after = plan.decide(snapshot, traffic.CanaryRun(run), now=now)
+    after = plan.decide(snapshot, CanaryRun(run), now=now)
     assert failover not in after.actions
     assert after.status.high_availability == tracked and after.status.phase == "Ready"
     # Who leads is asked over HTTP, not watched: the decision tells the worker when to ask again.

@@ -441,11 +441,12 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
 
 async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runtime]) -> None:
     """The operator's canary on fake replicas whose last answer token is a near tie tipped on the reader:
-    the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so."""
+    the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so (an action
+    of the decision after the run)."""
     from tests.support.fake_vllm import FakeCluster
 
     from mooncake_operator.reconcile.act.core import _Actor, _Pass
-    from mooncake_operator.reconcile.decide.actions import RunCanary
+    from mooncake_operator.reconcile.decide.actions import Decision, RunCanary
     from mooncake_operator.reconcile.decide.schedule import current_target
 
     events: list[dict[str, Any]] = []
@@ -501,9 +502,15 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
     divergence = run.canary.pairs[0].divergence
     assert divergence is not None and divergence.kind == "benign"
     assert (divergence.cold_token, divergence.warm_token) == (".", "!")
-    [event] = events
-    assert event["reason"] == "CanaryBenignDivergence" and event["type"] == "Normal"
-    assert "passed over a benign divergence" in event["message"]
+    # The Event is an action of the decision after the run (plan.decide puts the run's events first),
+    # not a request of the run itself.
+    assert events == []
+    [event] = run.events
+    assert (event.reason, event.type) == ("CanaryBenignDivergence", "Normal")
+    assert "passed over a benign divergence" in event.message
+    await actor.carry_out(Decision(run.events, None))
+    [posted] = events
+    assert (posted["reason"], posted["type"]) == ("CanaryBenignDivergence", "Normal")
 
 
 @pytest.mark.parametrize(

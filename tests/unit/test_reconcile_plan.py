@@ -22,12 +22,12 @@ from mooncake_operator.api.status import (
 from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.reconcile.decide import actions, choose, plan
 from mooncake_operator.reconcile.decide.actions import Action, Decision, Outcome, ReconcileResult
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.choose import SetChoice
 from mooncake_operator.reconcile.decide.conditions import READY, find
 from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_operator.reconcile.decide.plan import Snapshot, Timing
 from mooncake_operator.reconcile.decide.revisions import LastGood, last_good_manifest
-from mooncake_operator.reconcile.decide.traffic import CanaryRun
 
 pytestmark = pytest.mark.unit
 
@@ -455,6 +455,18 @@ def test_the_decision_carries_its_timers() -> None:
     assert timed.canary_due_in == 55 and timed.sleep_seconds(600) == 55
     assert Outcome(ReconcileResult.WAITING, retry_after=10, canary_due_in=55).sleep_seconds(600) == 10
     assert Outcome(ReconcileResult.READY, leader_check_in=30).sleep_seconds(20) == 20
+
+
+def test_the_runs_own_events_come_first_after_the_run() -> None:
+    """A canary run's events (a pass over a benign divergence) are actions of the decision after it,
+    before its status write."""
+    case = CASES["pass: proven pods get traffic, last good recorded"]
+    benign = actions.PostEvent("CanaryBenignDivergence", "run run-2: 1 pair(s) passed over ...", "Normal")
+    assert case.fresh is not None
+    with_event = dataclasses.replace(case, fresh=dataclasses.replace(case.fresh, events=(benign,)))
+    decided = decide(with_event)
+    assert decided.actions[0] == benign
+    assert decided.actions[1:] == decide(case).actions
 
 
 def test_every_pod_says_why_it_serves_or_not() -> None:

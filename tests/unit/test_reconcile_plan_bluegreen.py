@@ -16,6 +16,7 @@ from mooncake_operator.build.names import replica_set_name
 from mooncake_operator.build.replicas import replica_template_id
 from mooncake_operator.reconcile.decide import choose, plan
 from mooncake_operator.reconcile.decide.actions import Decision, ReconcileResult, RemoveSets
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.choose import SetChoice
 from mooncake_operator.reconcile.decide.observe import (
     LiveSet,
@@ -25,7 +26,6 @@ from mooncake_operator.reconcile.decide.observe import (
     ReplicaState,
 )
 from mooncake_operator.reconcile.decide.revisions import LastGood
-from mooncake_operator.reconcile.decide.traffic import CanaryRun
 
 pytestmark = pytest.mark.unit
 

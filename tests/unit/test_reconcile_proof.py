@@ -32,6 +32,7 @@ from mooncake_operator.canary.status import (
     canary_status,
     format_time,
 )
+from mooncake_operator.reconcile.decide.canary_run import judge, not_run
 from mooncake_operator.reconcile.decide.schedule import canary_due, current_target, interval_due_in
 
 pytestmark = pytest.mark.unit
@@ -349,3 +350,34 @@ def test_the_canary_interval_is_due_counted_from_the_last_finished_run() -> None
     assert interval_due_in(CanarySpec(), finished(45), now) is None
     assert interval_due_in(every_minute, None, now) is None
     assert interval_due_in(CanarySpec(enabled=False, interval_seconds=60), finished(45), now) is None
+
+
+def test_a_finished_run_is_judged_under_the_specs_policy() -> None:
+    """decide.canary_run.judge: the verdict the spec's policy records, the pods a failure blames, and the
+    benign-divergence Event as an action; nothing blamed and no Event otherwise."""
+    failed = judge(
+        result(pair(0, Verdict.FAILED), pair(1, Verdict.PASSED)), spec_with(), target=target(), pod_names=PODS
+    )
+    assert (failed.canary.verdict, failed.blamed, failed.events) == ("Failed", ("x-replica-1",), ())
+    unproven = result(pair(0, Verdict.INCONCLUSIVE, answers_equal=True), verdict=Verdict.INCONCLUSIVE)
+    lenient = judge(unproven, spec_with(requireExternalHit=False), target=target(), pod_names=PODS)
+    assert (lenient.canary.verdict, lenient.blamed) == ("Passed", ())
+    assert judge(unproven, spec_with(), target=target(), pod_names=PODS).canary.verdict == "Inconclusive"
+    benign = result(
+        pair(0, Verdict.PASSED, answers_equal=False, divergence=BENIGN),
+        pair(1, Verdict.PASSED),
+        verdict=Verdict.PASSED,
+    )
+    [event] = judge(benign, spec_with(), target=target(), pod_names=PODS).events
+    assert (event.reason, event.type) == ("CanaryBenignDivergence", "Normal")
+    assert event.message == benign_divergence_message(benign, PODS)
+
+
+def test_a_run_that_could_not_run_is_inconclusive() -> None:
+    run = not_run("no replica pod has an IP", run_id="not-run", now=NOW, target=target())
+    assert (run.canary.verdict, run.canary.reason, run.blamed, run.events) == (
+        "Inconclusive",
+        "no replica pod has an IP",
+        (),
+        (),
+    )

@@ -12,9 +12,9 @@ from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.build.names import TRAFFIC_ON
 from mooncake_operator.reconcile.decide import plan
 from mooncake_operator.reconcile.decide.actions import Decision
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.observe import MasterState, Observation, ReplicaState
 from mooncake_operator.reconcile.decide.revisions import LastGood
-from mooncake_operator.reconcile.decide.traffic import CanaryRun
 
 pytestmark = pytest.mark.unit
 

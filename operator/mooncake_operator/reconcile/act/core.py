@@ -33,14 +33,8 @@ from mooncake_operator.build.manifests import render_all
 from mooncake_operator.build.master import retired_workloads
 from mooncake_operator.build.names import master_pod_urls, replica_pod_names
 from mooncake_operator.canary import policy
-from mooncake_operator.canary.models import CanaryResult, Verdict
+from mooncake_operator.canary.models import CanaryResult
 from mooncake_operator.canary.runner import run_canary
-from mooncake_operator.canary.status import (
-    benign_divergence_message,
-    blamed_replicas,
-    canary_status,
-    not_run_status,
-)
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeApiError, KubeError
 from mooncake_operator.kube.kinds import SERVING_KIND
@@ -65,6 +59,7 @@ from mooncake_operator.reconcile.decide.actions import (
     ReconcileResult,
     RunCanary,
 )
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun, judge, not_run
 from mooncake_operator.reconcile.decide.choose import Rendering, choose
 from mooncake_operator.reconcile.decide.leadership import MasterView
 from mooncake_operator.reconcile.decide.observe import Observation
@@ -77,7 +72,6 @@ from mooncake_operator.reconcile.decide.plan import (
     invalid,
 )
 from mooncake_operator.reconcile.decide.revisions import config_map_name
-from mooncake_operator.reconcile.decide.traffic import CanaryRun
 from mooncake_operator.runtime.metrics import MetricsServer, OperatorMetrics, serve
 from mooncake_operator.runtime.settings import OperatorSettings
 
@@ -457,11 +451,9 @@ class _Pass:
         target: CanaryTarget,
         observation: Observation,
     ) -> CanaryRun:
-        pod_names = replica_pod_names(serving, replica_set)
         urls = self.replica_urls(serving, replica_set, observation)
         if isinstance(urls, str):
-            now = self.runtime.clock()
-            return CanaryRun(not_run_status(urls, run_id="not-run", now=now, target=target))
+            return not_run(urls, run_id="not-run", now=self.runtime.clock(), target=target)
         config, lowered = self.settings.limit_canary(policy.canary_config(serving.spec, urls))
         for note in lowered:
             logger.warning("%s/%s canary: %s", self.namespace, serving.metadata.name, note)
@@ -478,20 +470,9 @@ class _Pass:
                 f"the canary run did not finish within the operator's {deadline:g} s deadline "
                 "(--canary-run-deadline-seconds): replicas that accept and never answer?"
             )
-            now = self.runtime.clock()
-            return CanaryRun(not_run_status(why, run_id="deadline", now=now, target=target))
-        verdict = policy.effective_verdict(
-            result, require_external_hit=serving.spec.canary.require_external_hit
-        )
-        metrics = self.runtime.metrics
-        metrics.canary_duration.observe(result.wall_s)
-        metrics.canary_runs.labels(verdict=verdict.value).inc()
-        canary = canary_status(result, verdict=verdict, target=target, pod_names=pod_names)
-        benign = benign_divergence_message(result, pod_names)
-        if benign is not None:
-            # A pass over a divergence is never silent: the status holds it per pair, this says so.
-            await self.kube.create_event(
-                self.actor.body, reason="CanaryBenignDivergence", message=benign, type="Normal"
-            )
-        blamed = blamed_replicas(result, pod_names) if verdict is Verdict.FAILED else []
-        return CanaryRun(canary, tuple(blamed))
+            return not_run(why, run_id="deadline", now=self.runtime.clock(), target=target)
+        pod_names = replica_pod_names(serving, replica_set)
+        fresh = judge(result, serving.spec, target=target, pod_names=pod_names)
+        self.runtime.metrics.canary_duration.observe(result.wall_s)
+        self.runtime.metrics.canary_runs.labels(verdict=fresh.canary.verdict.value).inc()
+        return fresh

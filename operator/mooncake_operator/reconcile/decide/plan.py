@@ -46,13 +46,14 @@ from mooncake_operator.reconcile.decide.actions import (
     SetTraffic,
     WriteStatus,
 )
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.choose import Rendering, SetChoice, SpecRevisionChoice, rerun_value
 from mooncake_operator.reconcile.decide.conditions import READY, find, merge_conditions
 from mooncake_operator.reconcile.decide.leadership import MasterView, find_leader, track
 from mooncake_operator.reconcile.decide.observe import Observation
 from mooncake_operator.reconcile.decide.revisions import LastGood
 from mooncake_operator.reconcile.decide.schedule import canary_due, current_target, interval_due_in
-from mooncake_operator.reconcile.decide.traffic import CanaryRun, label_changes, next_held, next_traffic
+from mooncake_operator.reconcile.decide.traffic import label_changes, next_held, next_traffic
 
 
 @dataclass(frozen=True)
@@ -420,7 +421,8 @@ def decide(snapshot: Snapshot, fresh: CanaryRun | None = None, *, now: datetime 
         return with_timers(decision, snapshot.resource, snapshot.now, snapshot.timing)
     moment = now or snapshot.now
     after = _plan(dataclasses.replace(inputs, current=first.status, now=moment, fresh=fresh))
-    return with_timers(_decision(first.status, after, ()), snapshot.resource, moment, snapshot.timing)
+    decision = _decision(first.status, after, fresh.events)  # the run's own events first
+    return with_timers(decision, snapshot.resource, moment, snapshot.timing)
 
 
 def with_timers(decision: Decision, resource: MooncakeServing, now: datetime, timing: Timing) -> Decision:

@@ -11,19 +11,11 @@ nothing. With the canary disabled every pod serves. `act.traffic` writes the lab
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus, PodTraffic, TrafficStatus
+from mooncake_operator.api.status import MooncakeServingStatus, PodTraffic, TrafficStatus
 from mooncake_operator.build.names import TRAFFIC_OFF, TRAFFIC_ON
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
 from mooncake_operator.reconcile.decide.observe import Observation, PodInfo, in_set
-
-
-@dataclass(frozen=True)
-class CanaryRun:
-    """A run that just finished: its evidence, and the pods a failure blames."""
-
-    canary: CanaryStatus
-    blamed: tuple[str, ...] = ()
 
 
 def previous_traffic(current: MooncakeServingStatus) -> dict[str, PodTraffic]:
