@@ -11,10 +11,11 @@ import pytest
 
 from mooncake_operator.api.group import LEGACY_FINALIZER
 from mooncake_operator.cli.main import build_parser
-from mooncake_operator.cli.run import settings_from
+from mooncake_operator.cli.run import lease_settings_from, settings_from
 from mooncake_operator.kube.config import KubeConfig
 from mooncake_operator.reconcile.act.worker import log_outcome
 from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
+from mooncake_operator.runtime.lease import LeaseSettings
 from mooncake_operator.runtime.settings import (
     OperatorSettings,
     SettingsError,
@@ -88,6 +89,23 @@ def test_run_flags_become_settings(tmp_path: Path) -> None:
     assert settings.metrics_port == 0 and settings.liveness_port == 8080
     assert settings.endpoints_for("ns", "demo") == ("http://127.0.0.1:1", "http://127.0.0.1:2")
     assert settings.endpoints_for("ns", "other") is None
+
+
+def test_runs_flag_defaults_are_the_settings_defaults(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` restates no default: without flags it yields OperatorSettings() and LeaseSettings' own, and
+    its --help shows them."""
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    args = build_parser().parse_args(["run"])
+    assert settings_from(args) == OperatorSettings()
+    lease = lease_settings_from(args, OperatorSettings(kube=KubeConfig(server="https://127.0.0.1:1")))
+    assert lease == LeaseSettings(namespace="default")
+    with pytest.raises(SystemExit):
+        build_parser(["run"]).parse_args(["run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "even without a change (default: 600; changes" in shown
+    assert f"(default: {LeaseSettings(namespace='x').duration_seconds}). The leader renews" in shown
 
 
 def test_the_operator_namespace_comes_from_the_flag_else_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,12 +15,11 @@ import kopf
 from kopf._core.engines.peering import Identity  # the type of kopf.run's identity (not re-exported)
 
 from mooncake_operator import exit_codes
-from mooncake_operator.build.network_policy import DEFAULT_OPERATOR_NAMESPACE, REPLICA_INGRESS_DEFAULTS
+from mooncake_operator.build.network_policy import REPLICA_INGRESS_DEFAULTS
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeConfigError
 from mooncake_operator.runtime.handlers import build_registry
 from mooncake_operator.runtime.lease import (
-    DEFAULT_LEASE_DURATION_SECONDS,
     MAX_LEASE_DURATION_SECONDS,
     MIN_LEASE_DURATION_SECONDS,
     LeaderElector,
@@ -29,8 +28,6 @@ from mooncake_operator.runtime.lease import (
     default_identity,
 )
 from mooncake_operator.runtime.settings import (
-    DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
-    DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
     OperatorSettings,
     SettingsError,
     load_replica_endpoints,
@@ -46,7 +43,13 @@ See docs/operator.md for the RBAC it needs, its status, metrics and the Hold/Rol
 """
 
 
+def mib(size: int) -> str:
+    return f"{size / 2**20:g} MiB"
+
+
 def register(subparsers: Any) -> None:
+    # Every default is OperatorSettings' (or LeaseSettings'): the flags restate none of them.
+    defaults, lease_defaults = OperatorSettings(), LeaseSettings(namespace="")
     parser = subparsers.add_parser(
         "run",
         help="run the operator (kopf)",
@@ -65,24 +68,30 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
     parser.add_argument(
-        "--liveness-host", default="0.0.0.0", metavar="HOST", help="address of /healthz (default: 0.0.0.0)"
+        "--liveness-host",
+        default=defaults.liveness_host,
+        metavar="HOST",
+        help="address of /healthz (default: %(default)s)",
     )
     parser.add_argument(
         "--liveness-port",
         type=int,
-        default=8080,
+        default=defaults.liveness_port,
         metavar="PORT",
-        help="/healthz port (default: 8080; 0 disables)",
+        help="/healthz port (default: %(default)s; 0 disables)",
     )
     parser.add_argument(
-        "--metrics-host", default="0.0.0.0", metavar="HOST", help="address of /metrics (default: 0.0.0.0)"
+        "--metrics-host",
+        default=defaults.metrics_host,
+        metavar="HOST",
+        help="address of /metrics (default: %(default)s)",
     )
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=9090,
+        default=defaults.metrics_port,
         metavar="PORT",
-        help="/metrics port (default: 9090; 0 disables)",
+        help="/metrics port (default: %(default)s; 0 disables)",
     )
     parser.add_argument(
         "--replica-endpoints",
@@ -99,48 +108,48 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--resync-seconds",
         type=float,
-        default=600.0,
+        default=defaults.resync_seconds,
         metavar="S",
-        help="re-check every resource this often even without a change (default: 600; changes to a "
+        help="re-check every resource this often even without a change (default: %(default)g; changes to a "
         "resource, its children and pods trigger a reconcile at once through watches)",
     )
     parser.add_argument(
         "--retry-delay-seconds",
         type=float,
-        default=10.0,
+        default=defaults.retry_delay_seconds,
         metavar="S",
         help="look again this soon while waiting (readiness, a leading HA master, a rollback) and after the "
-        "API server refused or did not answer (default: 10)",
+        "API server refused or did not answer (default: %(default)g)",
     )
     parser.add_argument(
         "--max-concurrent-canaries",
         type=int,
-        default=8,
+        default=defaults.max_concurrent_canaries,
         metavar="N",
-        help="canaries running at once across all resources (default: 8)",
+        help="canaries running at once across all resources (default: %(default)s)",
     )
     parser.add_argument(
         "--max-concurrent-canaries-per-namespace",
         type=int,
-        default=2,
+        default=defaults.max_concurrent_canaries_per_namespace,
         metavar="N",
         help="of those, at most N for the resources of one namespace, so one tenant cannot hold every slot "
-        "(default: 2)",
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--canary-max-timeout-seconds",
         type=int,
-        default=600,
+        default=defaults.canary_max_timeout_seconds,
         metavar="S",
-        help="ceiling on spec.canary.timeoutSeconds, one request's timeout (default: 600)",
+        help="ceiling on spec.canary.timeoutSeconds, one request's timeout (default: %(default)s)",
     )
     parser.add_argument(
         "--canary-run-deadline-seconds",
         type=float,
-        default=3600.0,
+        default=defaults.canary_run_deadline_seconds,
         metavar="S",
         help="a canary run not finished after S seconds is ended as Inconclusive and its slot freed "
-        "(default: 3600)",
+        "(default: %(default)g)",
     )
     parser.add_argument(
         "--allow-privileged-engines",
@@ -157,62 +166,64 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--replica-ingress-default",
         choices=REPLICA_INGRESS_DEFAULTS,
-        default="anyone",
+        default=defaults.replica_ingress_default,
         help="who may call the replicas' HTTP port of a resource that lists no "
         "spec.networkPolicy.clients: anyone, or (listed-clients) only the operator until it lists them "
-        "(default: anyone)",
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--operator-namespace",
         metavar="NS",
         help="the namespace this operator's pods run in: the resources' NetworkPolicies admit the operator "
-        f"from there only (default: $POD_NAMESPACE, else {DEFAULT_OPERATOR_NAMESPACE}; the chart passes "
+        f"from there only (default: $POD_NAMESPACE, else {defaults.operator_namespace}; the chart passes "
         "its release namespace)",
     )
     parser.add_argument(
         "--canary-max-chat-body-bytes",
         type=int,
-        default=DEFAULT_CANARY_MAX_CHAT_BODY_BYTES,
+        default=defaults.canary_max_chat_body_bytes,
         metavar="BYTES",
         help="ceiling on spec.canary.maxChatBodyBytes: a resource asking for more gets this cap, so no "
-        f"tenant sizes the operator's memory (default: {DEFAULT_CANARY_MAX_CHAT_BODY_BYTES}, 16 MiB)",
+        "tenant sizes the operator's memory "
+        f"(default: %(default)s, {mib(defaults.canary_max_chat_body_bytes)})",
     )
     parser.add_argument(
         "--canary-max-metrics-body-bytes",
         type=int,
-        default=DEFAULT_CANARY_MAX_METRICS_BODY_BYTES,
+        default=defaults.canary_max_metrics_body_bytes,
         metavar="BYTES",
         help="ceiling on spec.canary.maxMetricsBodyBytes "
-        f"(default: {DEFAULT_CANARY_MAX_METRICS_BODY_BYTES}, 32 MiB)",
+        f"(default: %(default)s, {mib(defaults.canary_max_metrics_body_bytes)})",
     )
     parser.add_argument(
         "--leader-check-seconds",
         type=float,
-        default=30.0,
+        default=defaults.leader_check_seconds,
         metavar="S",
-        help="ask highly available masters which one leads at least this often (default: 30; a failover "
-        "need not change any pod, so no watch reports it)",
+        help="ask highly available masters which one leads at least this often (default: %(default)g; a "
+        "failover need not change any pod, so no watch reports it)",
     )
     parser.add_argument(
         "--inconclusive-retry-seconds",
         type=float,
-        default=60.0,
+        default=defaults.inconclusive_retry_seconds,
         metavar="S",
-        help="run the canary again this long after an Inconclusive run (default: 60)",
+        help="run the canary again this long after an Inconclusive run (default: %(default)g)",
     )
     parser.add_argument(
         "--request-timeout-seconds",
         type=float,
-        default=30.0,
+        default=defaults.request_timeout_seconds,
         metavar="S",
-        help="timeout of one API request (default: 30)",
+        help="timeout of one API request (default: %(default)g)",
     )
     parser.add_argument(
         "--watch-timeout-seconds",
         type=float,
-        default=300.0,
+        default=defaults.watch_timeout_seconds,
         metavar="S",
-        help="server-side timeout of a watch; the client gives up 30 s later and reconnects (default: 300)",
+        help="server-side timeout of a watch; the client gives up 30 s later and reconnects "
+        "(default: %(default)g)",
     )
     parser.add_argument(
         "--leader-election",
@@ -228,16 +239,16 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--lease-name",
-        default="mooncake-operator",
+        default=lease_defaults.name,
         metavar="NAME",
-        help="name of the Lease (default: mooncake-operator)",
+        help="name of the Lease (default: %(default)s)",
     )
     parser.add_argument(
         "--lease-duration-seconds",
         type=int,
-        default=DEFAULT_LEASE_DURATION_SECONDS,
+        default=lease_defaults.duration_seconds,
         metavar="S",
-        help=f"the Lease's duration (default: {DEFAULT_LEASE_DURATION_SECONDS}). The leader renews it every "
+        help="the Lease's duration (default: %(default)s). The leader renews it every "
         "S/3; when it could not renew for 2S/3 (the API server unreachable that long) it exits 1, before "
         "the Lease can expire for a standby, and the kubelet restarts it. It rides out an API server outage "
         "shorter than S/3 whenever that starts: set S to three times the longest outage you expect (a "
@@ -280,7 +291,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         watch_timeout_seconds=args.watch_timeout_seconds,
         operator_namespace=args.operator_namespace
         or os.environ.get("POD_NAMESPACE")
-        or DEFAULT_OPERATOR_NAMESPACE,
+        or OperatorSettings.operator_namespace,
         canary_max_chat_body_bytes=args.canary_max_chat_body_bytes,
         canary_max_metrics_body_bytes=args.canary_max_metrics_body_bytes,
     )
