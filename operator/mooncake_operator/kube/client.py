@@ -248,30 +248,14 @@ class KubeClient:
         field_selector: str | None = None,
     ) -> ManifestList:
         """All matching objects (every page), each with its apiVersion and kind filled in."""
-        return [
-            item
-            async for item in self._iter_list(api_version, kind, namespace, label_selector, field_selector)
-        ]
+        items, _ = await self._list_pages(api_version, kind, namespace, label_selector, field_selector)
+        return items
 
     async def list_snapshot(
         self, api_version: str, kind: str, namespace: str | None = None, *, label_selector: str | None = None
     ) -> tuple[ManifestList, str]:
         """All matching objects and the collection's resourceVersion, from which a watch continues."""
-        path = resource_path(self.kind(api_version, kind), namespace=namespace)
-        params = {"limit": str(_LIST_PAGE_SIZE)}
-        if label_selector:
-            params["labelSelector"] = label_selector
-        items: ManifestList = []
-        version = ""
-        while True:
-            page = await self._request("list", "GET", path, params=params)
-            # Every page of one paginated list is served from the same snapshot: the first names it.
-            version = version or str((page.get("metadata") or {}).get("resourceVersion") or "")
-            items += [{"apiVersion": api_version, "kind": kind, **item} for item in page.get("items") or []]
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items, version
-            params["continue"] = token
+        return await self._list_pages(api_version, kind, namespace, label_selector, None)
 
     async def watch(
         self,
@@ -313,38 +297,41 @@ class KubeClient:
         except httpx.HTTPError as error:
             raise KubeTransportError(f"watch {path}: {error!r}") from error
 
-    async def _iter_list(
+    async def _list_pages(
         self,
         api_version: str,
         kind: str,
         namespace: str | None,
         label_selector: str | None,
         field_selector: str | None,
-    ) -> AsyncIterator[Manifest]:
+    ) -> tuple[ManifestList, str]:
+        """Every page of a list (the one pagination loop): the items, each with its apiVersion and kind,
+        and the collection's resourceVersion. Every page of one paginated list is served from the same
+        snapshot; the first page names it."""
         path = resource_path(self.kind(api_version, kind), namespace=namespace)
         params = {"limit": str(_LIST_PAGE_SIZE)}
         if label_selector:
             params["labelSelector"] = label_selector
         if field_selector:
             params["fieldSelector"] = field_selector
+        items: ManifestList = []
+        version = ""
         while True:
             page = await self._request("list", "GET", path, params=params)
-            for item in page.get("items") or []:
-                yield {"apiVersion": api_version, "kind": kind, **item}
+            version = version or str((page.get("metadata") or {}).get("resourceVersion") or "")
+            items += [{"apiVersion": api_version, "kind": kind, **item} for item in page.get("items") or []]
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                return
+                return items, version
             params["continue"] = token
 
     async def apply(
         self, obj: Mapping[str, Any], *, field_manager: str, force: bool = True, dry_run: bool = False
     ) -> Manifest:
         """Server-side apply: creates or updates the fields this manager owns; returns the object."""
-        params = {"fieldManager": field_manager, "force": "true" if force else "false"}
-        path = self._object_path(obj)
         # JSON is YAML: the apply-patch content type accepts a JSON body.
-        return await self._request(
-            "apply", "PATCH", path, params=params, body=obj, content_type=APPLY_PATCH, dry_run=dry_run
+        return await self._patch(
+            "apply", self._object_path(obj), obj, APPLY_PATCH, field_manager, force=force, dry_run=dry_run
         )
 
     async def create(
@@ -369,10 +356,7 @@ class KubeClient:
     ) -> Manifest:
         """JSON merge patch (RFC 7386): maps merge, lists are replaced, null deletes a key."""
         path = resource_path(self.kind(api_version, kind), namespace=namespace, name=name)
-        params = {"fieldManager": field_manager} if field_manager else None
-        return await self._request(
-            "patch", "PATCH", path, params=params, body=patch, content_type=MERGE_PATCH, dry_run=dry_run
-        )
+        return await self._patch("patch", path, patch, MERGE_PATCH, field_manager, dry_run=dry_run)
 
     async def patch_status(
         self,
@@ -393,12 +377,29 @@ class KubeClient:
         path = resource_path(
             self.kind(api_version, kind), namespace=namespace, name=name, subresource="status"
         )
-        params = {"fieldManager": field_manager} if field_manager else None
         body: dict[str, Any] = {"status": status}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
+        return await self._patch("patch_status", path, body, MERGE_PATCH, field_manager)
+
+    async def _patch(
+        self,
+        verb: str,
+        path: str,
+        body: Mapping[str, Any],
+        content_type: str,
+        field_manager: str | None,
+        *,
+        force: bool | None = None,
+        dry_run: bool = False,
+    ) -> Manifest:
+        """The one PATCH: server-side apply (APPLY_PATCH, with `force`) or a JSON merge patch (MERGE_PATCH),
+        counted under `verb`."""
+        params = {"fieldManager": field_manager} if field_manager else {}
+        if force is not None:
+            params["force"] = "true" if force else "false"
         return await self._request(
-            "patch_status", "PATCH", path, params=params, body=body, content_type=MERGE_PATCH
+            verb, "PATCH", path, params=params, body=body, content_type=content_type, dry_run=dry_run
         )
 
     async def delete(

@@ -51,7 +51,7 @@ from mooncake_operator.build.names import (
     TRAFFIC_LABEL,
     client_selector,
 )
-from mooncake_operator.build.ownership import controller_reference
+from mooncake_operator.build.ownership import controlled_by, controller_reference, owner_references
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeApiError, KubeError
 from mooncake_operator.kube.kinds import Manifest
@@ -133,17 +133,10 @@ def is_kept(obj: Mapping[str, Any]) -> bool:
     kind = obj.get("kind")
     if kind == KIND:
         return True
-    references = (obj.get("metadata") or {}).get("ownerReferences") or []
     if kind == "Pod":  # created by its StatefulSet, or the single master's Deployment's ReplicaSet
         workloads = ("StatefulSet", "ReplicaSet")
-        return any(isinstance(ref, Mapping) and ref.get("kind") in workloads for ref in references)
-    return any(
-        isinstance(ref, Mapping)
-        and ref.get("controller") is True
-        and ref.get("kind") == KIND
-        and ref.get("apiVersion") == API_VERSION
-        for ref in references
-    )
+        return any(ref.get("kind") in workloads for ref in owner_references(obj))
+    return controlled_by(obj, KIND, None, api_version=API_VERSION, any_uid=True)
 
 
 def in_client_service(obj: Mapping[str, Any]) -> str | None:

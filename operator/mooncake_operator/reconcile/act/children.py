@@ -23,6 +23,7 @@ from mooncake_operator.api.quantities import parse_quantity
 from mooncake_operator.build.digests import json_digest
 from mooncake_operator.build.master import ChildRef
 from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
+from mooncake_operator.build.ownership import controlled_by
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeApiError
 from mooncake_operator.reconcile.act.cache import WatchCache
@@ -187,15 +188,6 @@ async def scale_down_retired(
     return scaled
 
 
-def controlled_by(obj: Mapping[str, Any], owner_uid: str) -> bool:
-    """Whether `obj` carries the controller reference to the MooncakeServing with `owner_uid` (labels can
-    be set by anyone with edit rights in the namespace; the reference names one resource's UID)."""
-    return any(
-        ref.get("controller") is True and ref.get("kind") == KIND and ref.get("uid") == owner_uid
-        for ref in (obj.get("metadata") or {}).get("ownerReferences") or []
-    )
-
-
 async def remove_replica_sets(
     kube: KubeClient, cache: WatchCache, namespace: str, names: Sequence[str], owner_uid: str
 ) -> None:
@@ -205,7 +197,7 @@ async def remove_replica_sets(
     UID precondition); each is forgotten at once, so the next pass does not count it as live."""
     for name in names:
         live = cache.get("apps/v1", "StatefulSet", namespace, name)
-        if live is None or not controlled_by(live, owner_uid):
+        if live is None or not controlled_by(live, KIND, owner_uid):
             continue
         labels = (live.get("metadata") or {}).get("labels") or {}
         if labels.get(LABEL_MANAGED_BY) != MANAGED_BY or labels.get(LABEL_COMPONENT) != COMPONENT_REPLICA:
