@@ -276,7 +276,6 @@ def _placement_and_metadata(obj: Manifest) -> Manifest:
             "enabled": True,
             "operator": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}},
             "clients": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
-            "metricsScrapers": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}],
         },
     )
     secret = {"secretKeyRef": {"name": "keys", "key": "api", "optional": True}}

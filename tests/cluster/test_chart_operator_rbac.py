@@ -6,7 +6,7 @@ For each RBAC layout (a cluster-wide watch: ClusterRoles; a namespaced watch: a 
 `mooncake-operator` with the Deployment's own arguments (ports moved to free loopback ones, a
 kubeconfig holding that token, the replicas mapped to loopback fake vLLM servers, short resync
 periods). Then, as an admin, create a MooncakeServing and play the kubelet, and watch the operator:
-remove the finalizer an older operator left, apply every child, write status, post events; fail the
+apply every child, write status, post events; fail the
 canary against a corrupting replica and hold that replica out of traffic (a pod label patch); pass it
 after a rerun, putting the replica back and storing the last good revision. Its log must show no
 refusal. Finally the same token is tried on what the operator must not do.
@@ -40,7 +40,6 @@ from mooncake_operator.api.group import (
     API_VERSION,
     GROUP,
     KIND,
-    LEGACY_FINALIZER,
     PLURAL,
     RERUN_CANARY_ANNOTATION,
     VERSION,
@@ -185,8 +184,6 @@ async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
     """What is still missing of the operator's work on the MooncakeServing (empty: all done)."""
     missing = []
     resource = await kube.get(API_VERSION, KIND, SERVING, namespace)
-    if LEGACY_FINALIZER in (resource["metadata"].get("finalizers") or []):
-        missing.append("the older operator's finalizer removed")
     status = resource.get("status") or {}
     if not status.get("phase") or not status.get("conditions"):
         missing.append("status")
@@ -237,6 +234,8 @@ def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, A
         ("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/{names.master}", None),
         ("DELETE", f"/api/v1/namespaces/{ns}/pods", None),
         ("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{SERVING}", None),
+        # The spec is the user's: the operator writes the status subresource only.
+        ("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{SERVING}", {"spec": {"replicas": 3}}),
         ("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PLURAL}.{GROUP}", None),
         ("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", None),
         (
@@ -317,9 +316,7 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
         extra = [f"--replica-endpoints={endpoints}", *OPERATOR_TEST_FLAGS]
         argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port, extra)
         with running_operator(argv, log_path, liveness_port):
-            older = serving(namespace, SERVING)  # as an older operator's kopf daemon left it
-            older["metadata"]["finalizers"] = [LEGACY_FINALIZER]
-            await kube.create(older)
+            await kube.create(serving(namespace, SERVING))
             await wait_until_reconciled(kube, namespace, log_path)
             async with FakeKubelet(kube, namespace):
                 failed = await phase_reached(kube, namespace, "CanaryFailed", log_path)

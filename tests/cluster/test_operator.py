@@ -26,7 +26,7 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator.api.group import API_VERSION, KIND, LEGACY_FINALIZER, RERUN_CANARY_ANNOTATION
+from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
 from mooncake_operator.build.names import TRAFFIC_LABEL
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.reconcile.decide.revisions import config_map_name
@@ -416,9 +416,7 @@ async def _all_pods_ready(kube: KubeClient, namespace: str) -> bool:
 async def test_a_resource_deleted_while_the_operator_is_stopped_is_gone_without_it(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
 ) -> None:
-    older = serving(namespace)
-    older["metadata"]["finalizers"] = [LEGACY_FINALIZER]  # as an older operator's kopf daemon left it
-    await kube.create(older)
+    await kube.create(serving(namespace))
     with run_operator(settings_for(kube_cluster, namespace, fakes)):
 
         async def reconciled_without_finalizer() -> dict[str, Any] | None:
@@ -426,7 +424,7 @@ async def test_a_resource_deleted_while_the_operator_is_stopped_is_gone_without_
             phase = (body.get("status") or {}).get("phase")
             return body if phase and not body["metadata"].get("finalizers") else None
 
-        await eventually(reconciled_without_finalizer, what="the older operator's finalizer removed")
+        await eventually(reconciled_without_finalizer, what="reconciled, with no finalizer added")
     # The operator has stopped: the API server deletes the resource on its own (kopf #942 hung here).
     await kube.delete(API_VERSION, KIND, "demo", namespace)
 

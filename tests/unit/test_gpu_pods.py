@@ -554,12 +554,14 @@ def test_network_policies_admit_only_what_each_port_needs() -> None:
     assert replicas["ingress"] == [{"from": [own]}, {"ports": [{"protocol": "TCP", "port": 8000}]}]
     assert replicas["policyTypes"] == master["policyTypes"] == ["Ingress"]
 
-    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     client = {"ipBlock": {"cidr": "10.0.0.0/8"}}
-    declared = changed(example(), "spec.networkPolicy", {"metricsScrapers": [scraper], "clients": [client]})
+    declared = changed(example(), "spec.networkPolicy", {"clients": [client]})
     found = policies(declared)
-    # The master's metrics port also serves its admin API (remove_all, quotas, drains): never scrapers.
+    # The master's metrics port also serves its admin API (remove_all, quotas, drains): clients never.
     assert found["minimax-m25-master"]["ingress"] == master["ingress"]
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    with pytest.raises(InvalidResourceError, match=r"networkPolicy\.metricsScrapers"):
+        parse_resource(changed(example(), "spec.networkPolicy", {"metricsScrapers": [scraper]}))
     http = found["minimax-m25-replica"]["ingress"][1]
     operator = {
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mooncake-operator"}},

@@ -13,7 +13,6 @@ import yaml
 from tests.support.manifests import with_change
 
 from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
-from mooncake_operator.api.kube_types import NetworkPolicyPeer
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
 from mooncake_operator.api.status import CanaryStatus, HighAvailabilityStatus, MooncakeServingStatus
 from mooncake_operator.build.engine_args import HaTopology, master_argv, replica_launch
@@ -453,15 +452,3 @@ def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mooncake-system"}},
         }
     ]
-    # Declared scrapers are not admitted to that port: it also serves the master's admin API.
-    scraped = resource_with({"enabled": True})
-    spec = scraped.spec.model_copy(
-        update={
-            "network_policy": scraped.spec.network_policy.model_copy(
-                update={
-                    "metrics_scrapers": [NetworkPolicyPeer.model_validate({"ipBlock": {"cidr": "0.0.0.0/0"}})]
-                }
-            )
-        }
-    )
-    assert metrics_rules(scraped.model_copy(update={"spec": spec})) == [rule]

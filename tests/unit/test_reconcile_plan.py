@@ -527,16 +527,17 @@ def test_choose_revision(
     assert choose.choose_spec_revision(served, current, last_good).revisions.serving == serving
 
 
-def test_a_status_without_a_traffic_record_keeps_the_pods_the_last_pass_proved() -> None:
-    """A status written before traffic was recorded (an operator upgrade): no pod leaves traffic."""
+def test_only_the_recorded_traffic_says_who_serves() -> None:
+    """Who serves is read from status.traffic alone (no fallback to the last run's target): a status
+    without that record proves no pod, whatever its labels say."""
     current = MooncakeServingStatus(
         phase="Ready", canary=run("Passed", P0_ON, P1_ON), last_good_revision=NEW, out_of_traffic=[]
     )
     decided = decide(
         Case(resource(), current, observation(P0_ON, P1_ON), last_good=LastGood(NEW, resource().spec))
     )
-    assert labels(decided) == {}
-    assert decided.status.traffic is not None and decided.status.traffic.serving == 2
+    assert labels(decided) == {P0.name: "off", P1.name: "off"}
+    assert decided.status.traffic is not None and decided.status.traffic.serving == 0
 
 
 def test_an_invalid_spec_says_why_and_posts_an_event_when_what_is_wrong_changes() -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 import kopf
 import pytest
 
-from mooncake_operator.api.group import LEGACY_FINALIZER
 from mooncake_operator.cli.main import build_parser
 from mooncake_operator.cli.run import lease_settings_from, settings_from
 from mooncake_operator.kube.config import KubeConfig
@@ -122,8 +121,6 @@ def test_the_operator_namespace_comes_from_the_flag_else_the_pod(monkeypatch: py
 def test_kopf_settings() -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings, OperatorSettings(watch_timeout_seconds=300, request_timeout_seconds=20))
-    # The finalizer an older operator added: kopf removes it, as no handler needs one.
-    assert settings.persistence.finalizer == LEGACY_FINALIZER == "serving.mooncake-operator.dev/finalizer"
     assert settings.peering.standalone is True
     assert settings.watching.server_timeout == 300 and settings.watching.client_timeout == 330
     assert settings.networking.request_timeout == 20

@@ -13,10 +13,8 @@ SINGULAR = "mooncakeserving"
 SHORT_NAMES = ("mcs",)
 # Names the operator writes into objects, so users and tests can rely on them: the field manager of every
 # server-side apply, and the annotation a user sets to any new value to re-run the canary (after a
-# rollback: to retry the spec). An older operator put LEGACY_FINALIZER on every resource; this one
-# removes it (kopf does, as no handler needs a finalizer).
+# rollback: to retry the spec).
 FIELD_MANAGER = "mooncake-operator"
-LEGACY_FINALIZER = f"{GROUP}/finalizer"
 RERUN_CANARY_ANNOTATION = f"{GROUP}/rerun-canary"
 
 

@@ -99,13 +99,6 @@ class NetworkPolicySpec(ApiModel):
             "egress.to. Unset: egress is not restricted."
         ),
     )
-    metrics_scrapers: list[NetworkPolicyPeer] = Field(
-        default_factory=list,
-        description=(
-            "Admits nobody: the master's metrics port also serves its unauthenticated admin API "
-            "(remove_all, quotas, drains), so no scraper is let in. Kept so existing resources stay valid."
-        ),
-    )
 
 
 class SecretKeyRef(ApiModel):
@@ -371,7 +364,6 @@ class MooncakeServingSpec(ApiModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="NetworkPolicies of master and replicas."
     )
-    # Optional, so resources written before it existed keep their spec digest (revision) unchanged.
     pod: ReplicaPodSpec = Field(
         default_factory=ReplicaPodSpec,
         description="Replica pods: securityContext, ServiceAccount, drain budget, extra volumes, containers.",

@@ -66,9 +66,9 @@ def network_policies(
     Pure: the operator's namespace and its ingress default are arguments.
 
     The master's metrics port also serves the pinned mooncake_master's admin API (`/api/v1/remove_all`,
-    quotas, drains), so nobody but the operator is admitted to it: `metricsScrapers` are not (see
-    docs/api.md). A managed etcd gets a third: its client port from this resource's masters and
-    replicas, its peer port from its own members. The replicas' egress is restricted when
+    quotas, drains), so nobody but the operator is admitted to it (see docs/api.md). A managed etcd gets
+    a third: its client port from this resource's masters and replicas, its peer port from its own
+    members. The replicas' egress is restricted when
     spec.networkPolicy.egress is set: DNS, the store's peers, masters and managed etcd, and egress.to.
     """
     spec = resource.spec

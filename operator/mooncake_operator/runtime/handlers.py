@@ -5,7 +5,7 @@ kopf watches MooncakeServings (the operator's only watch of the kind) and hands 
 when the resource appears (or the operator starts), stopped once it is being deleted and at exit. The
 worker reconciles when the watch cache reports a change to the resource, its children or its pods, and
 on its timers. No handler needs a finalizer (nothing is cleaned up: the children go by their owner
-references), so kopf adds none, and removes the one an older operator's daemon added.
+references), so kopf adds none.
 
 `build_registry(settings)` registers the handlers on a fresh registry bound to one `RuntimeHolder`, so
 an operator (or a test's `KopfRunner`) gets its own clients, created in its own event loop at startup and

@@ -17,7 +17,6 @@ import kopf
 import yaml
 
 from mooncake_operator import safe_yaml
-from mooncake_operator.api.group import LEGACY_FINALIZER
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.network_policy import DEFAULT_OPERATOR_NAMESPACE, REPLICA_INGRESS_DEFAULTS
 from mooncake_operator.canary.defaults import DEFAULT_MAX_METRICS_BODY_BYTES, MAX_BODY_BYTES_LIMIT
@@ -229,9 +228,6 @@ def load_replica_endpoints(path: Path) -> dict[str, tuple[str, ...]]:
 
 def configure_kopf(settings: kopf.OperatorSettings, ours: OperatorSettings) -> None:
     """kopf's settings for this operator (called from the startup handler)."""
-    # No handler needs a finalizer, so kopf adds none and removes this one, which an older operator's
-    # kopf daemon put on every resource.
-    settings.persistence.finalizer = LEGACY_FINALIZER
     # No kopf peering (it pauses every operator of equal priority): `run` elects a leader on a Lease
     # (mooncake_operator.runtime.lease) before kopf starts.
     settings.peering.standalone = True

@@ -19,22 +19,10 @@ from mooncake_operator.reconcile.decide.observe import Observation, PodInfo, in_
 
 
 def previous_traffic(current: MooncakeServingStatus) -> dict[str, PodTraffic]:
-    """The last recorded traffic by pod UID. A status written before traffic was recorded: the pods the
-    last passing run covered serve (what the labels said then), except the held ones."""
-    if current.traffic is not None:
-        return {entry.uid: entry for entry in current.traffic.pods}
-    canary = current.canary
-    if canary is None or canary.verdict != "Passed" or canary.target is None:
+    """The last recorded traffic by pod UID (none before the first status write)."""
+    if current.traffic is None:
         return {}
-    entries = {}
-    for identity in canary.target.replica_pods:
-        name, _, uid = identity.split("#")[0].partition("=")
-        if name not in current.out_of_traffic:
-            reason = f"proven by canary run {canary.run_id}"
-            entries[uid] = PodTraffic(
-                name=name, uid=uid, serving=True, reason=reason, proven_by=canary.run_id
-            )
-    return entries
+    return {entry.uid: entry for entry in current.traffic.pods}
 
 
 def next_held(current: MooncakeServingStatus, fresh: CanaryRun | None, *, enabled: bool) -> list[str]:
