@@ -8,6 +8,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -85,8 +86,9 @@ def test_nothing_in_the_operator_wheel_imports_the_engines_packages(wheel: zipfi
     for name in modules:
         imported = _imported_top_levels(wheel.read(name).decode())
         assert not imported & set(ENGINE_ONLY), (name, sorted(imported & set(ENGINE_ONLY)))
-        # commands/sandbox.py hands over to it with importlib, only when that command runs.
+        # cli/sandbox.py finds the sandbox's command through an entry point: it never names the package.
         assert "mooncake_sandbox" not in imported, name
+        assert "mooncake_sandbox" not in wheel.read(name).decode(), name
 
 
 # Records every attempt to import an engine-venv package (none is installed in the dev venv, so a plain
@@ -154,3 +156,17 @@ def test_with_the_sandbox_installed_the_command_is_the_sandboxs() -> None:
     done = _cli("allow", "sandbox", "--replicas", "1")
     assert done.returncode == 3, done.stderr
     assert "need 2 to" in done.stderr and "sandbox loaded: True" in done.stderr
+
+
+def test_the_sandbox_plugs_its_command_in_through_an_entry_point() -> None:
+    """sandbox/pyproject.toml declares it (scripts/bootstrap installs the sandbox editable, which registers
+    it); the operator's CLI loads it from there."""
+    from mooncake_operator.cli.sandbox import ENTRY_POINT_GROUP, plugged_in
+    from mooncake_sandbox import command
+
+    declared = tomllib.loads((REPO / "sandbox" / "pyproject.toml").read_text(encoding="utf-8"))
+    assert declared["project"]["entry-points"][ENTRY_POINT_GROUP] == {
+        "sandbox": "mooncake_sandbox.command:register"
+    }
+    assert plugged_in("sandbox") is command.register
+    assert plugged_in("no-such-command") is None

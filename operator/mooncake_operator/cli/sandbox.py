@@ -1,22 +1,25 @@
-"""`mooncake-operator sandbox`: handed to the mooncake-sandbox distribution when it is installed.
+"""`mooncake-operator sandbox`: a command the mooncake-sandbox distribution plugs in.
 
 The sandbox (real CPU engines, tiny models generated with torch, the test tiers' network namespace) is a
 distribution of its own, `sandbox/` in the repository, so that the operator's wheel and image carry none
-of it. The command keeps its name and its exit codes; without the distribution it says what to install.
+of it. It registers its command in the entry point group `mooncake_operator.commands` (its pyproject.toml);
+this module finds it there, so nothing here imports the sandbox by name. The command keeps its name and its
+exit codes; without the distribution it says what to install.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 from mooncake_operator import exit_codes
 from mooncake_operator.cli.parser import VerdictCommandParser
 
+ENTRY_POINT_GROUP = "mooncake_operator.commands"
 SUMMARY = "run the customer's deployment on real CPU engines here and prove it with the canary"
 DISTRIBUTION = "mooncake-sandbox"
 MISSING = (
@@ -26,18 +29,29 @@ MISSING = (
 )
 
 
+def plugged_in(name: str) -> Callable[[Any], None] | None:
+    """The `register(subparsers)` a distribution declares for command `name`, or None when none does (or
+    the declaring distribution's package is gone, as an uninstalled editable checkout leaves it)."""
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        try:
+            register: Callable[[Any], None] = entry_point.load()
+        except ModuleNotFoundError as error:
+            if (error.name or "").split(".")[0] != entry_point.module.split(".")[0]:
+                raise
+            return None
+        return register
+    return None
+
+
 def register(subparsers: Any) -> None:
-    try:
-        command = importlib.import_module("mooncake_sandbox.command")
-    except ModuleNotFoundError as error:
-        if error.name != "mooncake_sandbox":
-            raise
+    command = plugged_in("sandbox")
+    if command is None:
         parser = subparsers.add_parser(
             "sandbox", help=SUMMARY, description=f"{SUMMARY}.\n\n{textwrap.fill(MISSING, 100)}"
         )
         parser.__class__ = _NotInstalled
         return
-    command.register(subparsers)
+    command(subparsers)
 
 
 class _NotInstalled(VerdictCommandParser):
