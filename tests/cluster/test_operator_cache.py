@@ -19,7 +19,6 @@ from tests.cluster.operator_harness import (
     wait_for_phase,
 )
 from tests.support.apiserver import ControlPlane
-from tests.support.fake_vllm import FakeCluster
 
 from mooncake_operator.api.group import API_VERSION, KIND
 from mooncake_operator.api.resource import parse_resource
@@ -28,6 +27,7 @@ from mooncake_operator.build.names import ChildNames
 from mooncake_operator.build.store_config import STORE_CONFIG_KEY
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.reconcile.act.core import Runtime, reconcile
+from mooncake_operator.runtime.settings import OperatorSettings
 
 NEW_IMAGE = "registry.invalid/vllm-mooncake:newer"
 
@@ -111,12 +111,9 @@ async def test_an_apply_from_a_stale_child_keeps_what_others_own_on_it(
 
 
 async def test_a_deleted_or_edited_child_is_restored_at_once_without_a_resync(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+    kube: KubeClient, namespace: str, crd: None, settings: OperatorSettings
 ) -> None:
     names = ChildNames.of("demo")
-    settings = operator_settings(
-        kube_cluster, namespace, replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)}
-    )
     assert settings.resync_seconds >= 600
     with run_operator(settings) as operator:
         async with FakeKubelet(kube, namespace):

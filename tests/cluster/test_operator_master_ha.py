@@ -7,6 +7,7 @@ mooncake_master 0.3.13.post1 does in HA mode; the real election is proven by the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,12 +18,10 @@ from tests.cluster.operator_harness import (
     events,
     eventually,
     get_serving,
-    operator_settings,
     run_operator,
     serving,
     wait_for_phase,
 )
-from tests.support.apiserver import ControlPlane
 from tests.support.fake_masters import FakeMasters
 from tests.support.fake_vllm import FakeCluster
 
@@ -31,6 +30,7 @@ from mooncake_operator.api.resource import parse_resource
 from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
 from mooncake_operator.build.manifests import render_all
 from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.runtime.settings import OperatorSettings
 
 MANAGER = "operator-tests"
 HA_EXTERNAL = {"enabled": True, "etcd": {"external": {"endpoints": ["etcd.invalid:2379"]}}}
@@ -80,18 +80,13 @@ async def test_ha_children_pass_a_server_side_dry_run(
 
 async def test_the_operator_follows_the_leader_and_recanaries_on_a_failover(
     kube: KubeClient,
-    kube_cluster: ControlPlane,
     namespace: str,
     crd: None,
     fakes: FakeCluster,
+    settings: OperatorSettings,
     masters: FakeMasters,
 ) -> None:
-    settings = operator_settings(
-        kube_cluster,
-        namespace,
-        replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)},
-        master_endpoints={f"{namespace}/demo": tuple(masters.urls)},
-    )
+    settings = dataclasses.replace(settings, master_endpoints={f"{namespace}/demo": tuple(masters.urls)})
     masters.lead(0, view=2)
     with run_operator(settings):
         async with FakeKubelet(kube, namespace):

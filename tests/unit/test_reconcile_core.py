@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from tests.support import fake_api
+from tests.support.fake_api import InMemoryApi
 
 from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.api.group import API_VERSION, KIND
@@ -89,50 +90,7 @@ async def test_an_api_failure_is_retried_soon_and_counted(closing: list[Runtime]
     assert errors(runtime) == 1
 
 
-class World:
-    """An in-memory API server: objects by path, label-selected lists, and a status subresource that can
-    be made to fail. Requests are recorded as (method, path)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.fail_status = False
-
-    def put(self, path: str, obj: dict[str, Any]) -> None:
-        self.objects[path] = obj
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        path, method = request.url.path, request.method
-        self.requests.append((method, path))
-        if method == "GET" and path in self.objects:
-            return httpx.Response(200, json=self.objects[path])
-        if method == "GET" and not request.url.params.get("limit"):
-            return httpx.Response(404, json={"kind": "Status", "reason": "NotFound", "code": 404})
-        if method == "GET":
-            selector = request.url.params.get("labelSelector")
-            wanted = dict(item.split("=", 1) for item in selector.split(",")) if selector else {}
-            items = [
-                obj
-                for key, obj in sorted(self.objects.items())
-                if key.startswith(path + "/")
-                and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
-            ]
-            return httpx.Response(200, json={"items": items, "metadata": {"resourceVersion": "1"}})
-        if method == "PATCH" and path.endswith("/status") and self.fail_status:
-            failure = {"kind": "Status", "reason": "InternalError", "message": "etcd timeout", "code": 500}
-            return httpx.Response(500, json=failure)
-        if method == "PATCH" and "/pods/" in path:
-            labels = json.loads(request.content)["metadata"]["labels"]
-            self.objects[path]["metadata"]["labels"].update(labels)
-            return httpx.Response(200, json=self.objects[path])
-        if method in ("PATCH", "POST"):
-            return httpx.Response(200, json=json.loads(request.content))
-        if method == "DELETE" and path in self.objects:
-            return httpx.Response(200, json=self.objects.pop(path))
-        raise AssertionError(f"unexpected {method} {path}")
-
-
-def held_world() -> tuple[World, MooncakeServing]:
+def held_world() -> tuple[InMemoryApi, MooncakeServing]:
     """A resource whose failed canary held replica 1 out of traffic; then its canary was turned off, which
     would put replica 1 back in traffic."""
     spec = {
@@ -144,7 +102,7 @@ def held_world() -> tuple[World, MooncakeServing]:
     }
     meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
     resource = parse_resource({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec})
-    world = World()
+    world = InMemoryApi()
     pods = [
         {"name": "demo-replica-0", "uid": "p0", "serving": True, "reason": "proven", "provenBy": "r1"},
         {"name": "demo-replica-1", "uid": "p1", "serving": False, "reason": "held", "provenBy": None},
@@ -180,7 +138,7 @@ def held_world() -> tuple[World, MooncakeServing]:
     return world, resource
 
 
-def put_children(world: World, resource: MooncakeServing, replica_set: str | None = None) -> None:
+def put_children(world: InMemoryApi, resource: MooncakeServing, replica_set: str | None = None) -> None:
     """The rendered children, rolled out (the StatefulSet at revision hash-a)."""
     for manifest in render_all(resource, owner_uid="uid-demo", replica_set=replica_set):
         child = with_applied_hash(manifest)
@@ -196,7 +154,7 @@ def put_children(world: World, resource: MooncakeServing, replica_set: str | Non
         world.put(f"{group}/namespaces/ns/{plural}/{child['metadata']['name']}", child)
 
 
-def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
+def put_replica_pod(world: InMemoryApi, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
     """A pod the replica set SET (NAME = SET-<ordinal>) created: its controller reference names the set's
     UID (as put_children gives it)."""
     replica_set, ordinal = name.rsplit("-", 1)
@@ -234,7 +192,7 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
     )
 
 
-def blue_green_world() -> tuple[World, str]:
+def blue_green_world() -> tuple[InMemoryApi, str]:
     """BlueGreen without a canary: demo-replica (image 1) serves; the spec moved to image 2, whose
     candidate set is up with both replicas Ready. Returns the world and the candidate's name."""
 
@@ -256,7 +214,7 @@ def blue_green_world() -> tuple[World, str]:
 
     old, new = parsed("registry.invalid/vllm:1"), parsed("registry.invalid/vllm:2")
     candidate = replica_set_name(new, replica_template_id(new))
-    world = World()
+    world = InMemoryApi()
     pods = [
         {"name": f"demo-replica-{i}", "uid": f"b{i}", "serving": True, "reason": "proven", "provenBy": "r1"}
         for i in (0, 1)
@@ -300,7 +258,7 @@ def blue_green_world() -> tuple[World, str]:
     return world, candidate
 
 
-def runtime_of(world: World) -> Runtime:
+def runtime_of(world: InMemoryApi) -> Runtime:
     return runtime_answering(world.handle, lists=True)
 
 
