@@ -193,7 +193,7 @@ SANDBOX_CANARY = CanarySpec(expectations=[], pairs="ring", timeout_seconds=300, 
 def canary_spec(*, speculative: bool, block_size: int) -> MooncakeServingSpec:
     """The spec whose canary the sandbox runs: the customer's at the sandbox's block size, SANDBOX_CANARY.
 
-    The operator's `canary_policy.canary_config` turns it into the canary's config, so the sandbox and the
+    The operator's `canary.policy.canary_config` turns it into the canary's config, so the sandbox and the
     operator prove a deployment by one rule (the exact hit follows the block size and Eagle's drop)."""
     spec = sandbox_spec(speculative=speculative)
     engine = spec.engine.model_copy(update={"block_size": block_size})
