@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.suppor
 import httpx
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.canary import CanaryConfig, CanaryResult, Verdict, run_canary
+from mooncake_operator.canary.models import CanaryConfig, CanaryResult, Verdict
+from mooncake_operator.canary.runner import run_canary
 
 
 async def measure(

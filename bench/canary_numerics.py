@@ -43,8 +43,8 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator.canary import CanaryResult, run_canary
 from mooncake_operator.canary.models import (
+    CanaryResult,
     Comparison,
     Divergence,
     DivergenceKind,
@@ -53,6 +53,7 @@ from mooncake_operator.canary.models import (
     TokenLogprob,
 )
 from mooncake_operator.canary.request import default_suite, suite_cost
+from mooncake_operator.canary.runner import run_canary
 from mooncake_sandbox import EngineMode, Sandbox, SandboxOptions, netns, prepare, start_sandbox
 
 A, B = 0, 1

@@ -29,8 +29,10 @@ from tests.support.loop_lag import canary_with_loop_lag
 from tests.unit.test_safe_yaml import BOMB
 
 from mooncake_operator import safe_yaml
-from mooncake_operator.canary import CanaryConfig, CounterScrapeError, chat, customer_request, scrape_counters
+from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
 from mooncake_operator.canary.expectations import search_json
+from mooncake_operator.canary.models import CanaryConfig
+from mooncake_operator.canary.request import customer_request
 
 MIB = 2**20
 

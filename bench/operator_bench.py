@@ -53,11 +53,14 @@ from tests.cluster.operator_harness import FakeKubelet, install_crd, is_ready, p
 from tests.support.apiserver import ControlPlane, free_port, start_control_plane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api, render
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import READ_VERBS, KubeApiError, KubeClient, KubeConfig, KubeError, RequestCounts
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import Runtime, reconcile
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.build.names import LABEL_INSTANCE, ChildNames
+from mooncake_operator.kube.client import READ_VERBS, KubeClient, RequestCounts
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.errors import KubeApiError, KubeError
+from mooncake_operator.kube.kinds import SERVING_KIND
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
+from mooncake_operator.runtime.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
@@ -392,7 +395,7 @@ class Many:
                 services = await self.kube.list("v1", "Service", self.namespace)
                 if len(stateful_sets) >= count and len(services) >= 3 * count:
                     children_at = time.perf_counter() - started
-            items = await self.kube.list(api.API_VERSION, api.KIND, self.namespace)
+            items = await self.kube.list(API_VERSION, KIND, self.namespace)
             ready = sum((item.get("status") or {}).get("phase") == "Ready" for item in items)
             if ready == count:
                 ready_at = time.perf_counter() - started
@@ -432,7 +435,7 @@ class Many:
     async def create_latency(self) -> None:
         samples_s = []
         for name in self.latency_names:
-            last_child = render.ChildNames.of(name).client_service  # the last child in apply order
+            last_child = ChildNames.of(name).client_service  # the last child in apply order
             started = time.perf_counter()
             await self.kube.create(serving(self.namespace, name=name))
 
@@ -444,7 +447,7 @@ class Many:
         self.results["create_to_children"] = samples_s
 
     async def pods(self, name: str) -> dict[str, dict[str, Any]]:
-        selector = f"{render.LABEL_INSTANCE}={name}"
+        selector = f"{LABEL_INSTANCE}={name}"
         found = await self.kube.list("v1", "Pod", self.namespace, label_selector=selector)
         return {pod["metadata"]["name"]: pod for pod in found if not pod["metadata"].get("deletionTimestamp")}
 
@@ -476,7 +479,7 @@ class Many:
     async def react(self, name: str) -> None:
         """Pod Ready -> canary, replica replaced -> canary, child deleted -> recreated, on one resource."""
         fakes, within, found = self.reacting[name], self.args.reaction_timeout, self.reaction_samples
-        names = render.ChildNames.of(name)
+        names = ChildNames.of(name)
         replica = [f"{names.replicas}-0", f"{names.replicas}-1"]
         await self.kube.create(serving(self.namespace, name=name))
         pods = await until(lambda: self._all_pods(name), 60, period=0.2)
@@ -541,7 +544,7 @@ class Many:
 
     async def _phase(self, name: str, phase: str) -> bool:
         try:
-            body = await self.kube.get(api.API_VERSION, api.KIND, name, self.namespace)
+            body = await self.kube.get(API_VERSION, KIND, name, self.namespace)
         except KubeApiError:
             return False
         return bool((body.get("status") or {}).get("phase") == phase)

@@ -38,9 +38,14 @@ from tests.cluster.test_operator_traffic import client_endpoints
 from tests.support.apiserver import ControlPlane, start_control_plane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api, render
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.names import replica_set_name
+from mooncake_operator.build.replicas import replica_template_id
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.errors import KubeApiError
+from mooncake_operator.kube.kinds import SERVING_KIND
 
 OLD_IMAGE = "registry.invalid/vllm-mooncake:fixed"
 NEW_IMAGE = "registry.invalid/vllm-mooncake:fixed-2"
@@ -76,8 +81,8 @@ def spec(strategy: str, image: str) -> dict[str, Any]:
 
 
 def candidate(namespace: str, strategy: str) -> str:
-    resource = api.parse_resource(serving(namespace, **spec(strategy, NEW_IMAGE)))
-    return render.replica_set_name(resource, render.replica_template_id(resource))
+    resource = parse_resource(serving(namespace, **spec(strategy, NEW_IMAGE)))
+    return replica_set_name(resource, replica_template_id(resource))
 
 
 async def new_namespace(kube: KubeClient) -> str:
@@ -123,7 +128,7 @@ async def one_run(plane: ControlPlane, kube: KubeClient, strategy: str, load_s: 
                 before = await until(first_serving, 120)
                 patch = {"spec": {"engine": {"image": NEW_IMAGE}}}
                 started = time.monotonic()
-                await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+                await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
                 fewest = 2
 
                 async def new_serving() -> bool:

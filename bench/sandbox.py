@@ -28,7 +28,10 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator.canary import CanaryResult, chat, customer_request, run_canary
+from mooncake_operator.canary.client import chat
+from mooncake_operator.canary.models import CanaryResult
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.runner import run_canary
 from mooncake_sandbox import EngineMode, Prepared, Sandbox, SandboxOptions, netns, prepare, start_sandbox
 
 GIB = 1024**3

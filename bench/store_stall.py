@@ -34,7 +34,8 @@ from typing import Any
 
 import httpx
 
-from mooncake_operator.canary import chat, customer_request
+from mooncake_operator.canary.client import chat
+from mooncake_operator.canary.request import customer_request
 from mooncake_sandbox import SandboxOptions, start_sandbox
 from mooncake_sandbox.netns import in_private_netns
 from mooncake_sandbox.processes import group_members

@@ -1,3 +1,3 @@
-from mooncake_operator.cli import main
+from mooncake_operator.cli.main import main
 
 raise SystemExit(main())

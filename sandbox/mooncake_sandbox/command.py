@@ -42,15 +42,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from mooncake_operator.canary import (
-    CanaryResult,
-    ExitCode,
-    Verdict,
-    run_canary,
-)
+from mooncake_operator.canary.models import CanaryResult, ExitCode, Verdict
 from mooncake_operator.canary.report import render_json, render_table
-from mooncake_operator.commands.sandbox import SUMMARY
-from mooncake_operator.commands.verdict_parser import VerdictCommandParser
+from mooncake_operator.canary.runner import run_canary
+from mooncake_operator.cli.parser import VerdictCommandParser
 from mooncake_sandbox import (
     EngineMode,
     Prepared,
@@ -100,7 +95,14 @@ operator's image does not carry it.
 """
 
 
+# The one-line help `mooncake-operator --help` lists (the CLI knows it without loading the sandbox; a unit
+# test keeps the two equal).
+SUMMARY = "run the customer's deployment on real CPU engines here and prove it with the canary"
+
+
 def register(subparsers: Any) -> None:
+    """The `sandbox` subcommand, plugged into `mooncake-operator` through the entry point group
+    mooncake_operator.commands (sandbox/pyproject.toml)."""
     parser = subparsers.add_parser(
         "sandbox",
         help=SUMMARY,

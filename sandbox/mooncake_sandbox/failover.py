@@ -28,17 +28,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from mooncake_operator.canary import (
-    CanaryConfig,
-    PairResult,
-    StoreCounters,
-    Verdict,
-    chat,
-    judge_pair,
-    scrape_counters,
-)
-from mooncake_operator.canary.client import CounterScrapeError
-from mooncake_operator.canary.runner import PairMeasurement, measure_pair
+from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
+from mooncake_operator.canary.models import CanaryConfig, PairResult, StoreCounters, Verdict
+from mooncake_operator.canary.runner import PairMeasurement, judge_pair, measure_pair
 from mooncake_sandbox.errors import SandboxError, SandboxSetupError
 from mooncake_sandbox.ha import LeaderChange, UnplannedLeaderChange
 from mooncake_sandbox.runtime import Sandbox

@@ -32,11 +32,12 @@ from typing import TypeVar
 
 import httpx
 
-from mooncake_operator import render
-from mooncake_operator.api import EtcdSpec, ExternalEtcd, MasterHighAvailability, MasterSpec, MooncakeServing
-from mooncake_operator.engine_args import HaTopology, master_argv
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.master_health import HEALTH_PATH, MasterView
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.api.store import EtcdSpec, ExternalEtcd, MasterHighAvailability, MasterSpec
+from mooncake_operator.build.engine_args import HaTopology, master_argv
+from mooncake_operator.build.etcd import ha_topology
+from mooncake_operator.reconcile.decide.leadership import HEALTH_PATH, MasterView
 from mooncake_sandbox.errors import MasterDownError, SandboxSetupError
 from mooncake_sandbox.processes import ManagedProcess, free_port, stop_processes
 from mooncake_sandbox.progress import Progress
@@ -275,7 +276,7 @@ async def start_ha_masters(
     resource = sandbox_ha_resource(
         f"{LOOPBACK}:{etcd_port}", masters=masters, enable_oplog=enable_oplog, master=master
     )
-    topology = render.ha_topology(resource)
+    topology = ha_topology(resource)
     assert topology is not None
     progress.phase(f"starting etcd on {LOOPBACK}:{etcd_port}")
     etcd = ManagedProcess.start(

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from mooncake_operator.canary import CanaryConfig, ChatAnswer, StoreCounters, Verdict, chat, scrape_counters
-from mooncake_operator.canary.client import CounterScrapeError
+from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
+from mooncake_operator.canary.models import CanaryConfig, ChatAnswer, StoreCounters, Verdict
 from mooncake_sandbox.errors import SandboxError
 from mooncake_sandbox.runtime import Sandbox
 

@@ -4,7 +4,7 @@
         urls = sandbox.replica_urls
         await sandbox.restart_replica(1, speculative=False)
 
-Every argv, environment variable and store-config key comes from `mooncake_operator.engine_args`
+Every argv, environment variable and store-config key comes from `mooncake_operator.build.engine_args`
 (the production source), fed the customer's deployment; only the CPU substitutions differ, and
 `Sandbox.describe()` lists each of them. Whatever happens (success, exception, cancellation by
 Ctrl-C or SIGTERM), leaving the context stops every process the sandbox started.
@@ -29,12 +29,10 @@ from typing import Any, TypeVar
 
 import httpx
 
-from mooncake_operator import canary_policy
-from mooncake_operator.api import CanarySpec, MooncakeServingSpec
-from mooncake_operator.canary import CanaryConfig, chat, customer_request, scrape_counters
-from mooncake_operator.canary.client import CounterScrapeError
-from mooncake_operator.canary.metrics import EXTERNAL_HITS
-from mooncake_operator.engine_args import (
+from mooncake_operator.api.canary_spec import CanarySpec
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.spec import MooncakeServingSpec
+from mooncake_operator.build.engine_args import (
     EngineLaunch,
     SandboxSubstitutions,
     describe_substitutions,
@@ -42,7 +40,11 @@ from mooncake_operator.engine_args import (
     master_argv,
     replica_launch,
 )
-from mooncake_operator.examples import customer_deployment
+from mooncake_operator.canary import policy
+from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
+from mooncake_operator.canary.metrics import EXTERNAL_HITS
+from mooncake_operator.canary.models import CanaryConfig
+from mooncake_operator.canary.request import customer_request
 from mooncake_sandbox.cpu_stalls import CpuStallWatch
 from mooncake_sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
 from mooncake_sandbox.engines import EngineBuild, EngineMode, prepare_engine
@@ -191,7 +193,7 @@ SANDBOX_CANARY = CanarySpec(expectations=[], pairs="ring", timeout_seconds=300, 
 def canary_spec(*, speculative: bool, block_size: int) -> MooncakeServingSpec:
     """The spec whose canary the sandbox runs: the customer's at the sandbox's block size, SANDBOX_CANARY.
 
-    The operator's `canary_policy.canary_config` turns it into the canary's config, so the sandbox and the
+    The operator's `canary.policy.canary_config` turns it into the canary's config, so the sandbox and the
     operator prove a deployment by one rule (the exact hit follows the block size and Eagle's drop)."""
     spec = sandbox_spec(speculative=speculative)
     engine = spec.engine.model_copy(update={"block_size": block_size})
@@ -294,7 +296,7 @@ class Sandbox:
         """The canary across every replica; `eagle` defaults to the sandbox's --speculative."""
         speculative = self.options.speculative if eagle is None else eagle
         spec = canary_spec(speculative=speculative, block_size=self.block_size)
-        return canary_policy.canary_config(spec, self.replica_urls)
+        return policy.canary_config(spec, self.replica_urls)
 
     def spec_for(self, replica: Replica) -> MooncakeServingSpec:
         return sandbox_spec(

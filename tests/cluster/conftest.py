@@ -1,8 +1,10 @@
 """Cluster tier: a real etcd + kube-apiserver + kube-controller-manager on 127.0.0.1.
 
 One control plane per test session (`kube_cluster`); each test gets a fresh namespace
-(`namespace`) and an async API client with admin rights (`kube`). Every test under
-tests/cluster is marked `cluster`.
+(`namespace`) and an async API client with admin rights (`kube`). An operator test asks for `operator`:
+the CRD installed, two fake replicas (`fakes`) and the operator running in-process with `settings` (its
+test's namespace watched, resource `demo`'s replicas mapped to the fakes). Every test under tests/cluster
+is marked `cluster`.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from tests.cluster.operator_harness import install_crd
+from tests.cluster.operator_harness import RunningOperator, install_crd, operator_settings, run_operator
 from tests.support.apiserver import ControlPlane, start_control_plane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.crd import SERVING_KIND
-from mooncake_operator.kube import KubeClient, KubeConfig
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.kinds import SERVING_KIND
+from mooncake_operator.runtime.settings import OperatorSettings
 
 CLUSTER_DIR = Path(__file__).parent
 
@@ -90,3 +94,18 @@ def fakes() -> Iterator[FakeCluster]:
     """Two loopback fake vLLM replicas sharing a fake store."""
     with FakeCluster.start(2) as cluster:
         yield cluster
+
+
+@pytest.fixture
+def settings(kube_cluster: ControlPlane, namespace: str, fakes: FakeCluster) -> OperatorSettings:
+    """The operator's settings for one test: its namespace watched, resource `demo`'s replicas mapped to
+    `fakes` (`dataclasses.replace` it for more)."""
+    endpoints = {f"{namespace}/demo": tuple(fakes.urls)}
+    return operator_settings(kube_cluster, namespace, replica_endpoints=endpoints)
+
+
+@pytest.fixture
+def operator(crd: None, settings: OperatorSettings) -> Iterator[RunningOperator]:
+    """The operator running with `settings`, the CRD installed; stopped after the test."""
+    with run_operator(settings) as running:
+        yield running

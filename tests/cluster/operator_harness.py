@@ -22,11 +22,15 @@ from kopf.testing import KopfRunner
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api, crd, render
-from mooncake_operator.handlers import RuntimeHolder, build_registry
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import Runtime
+from mooncake_operator.api import crd
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_INSTANCE
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.errors import KubeApiError
+from mooncake_operator.reconcile.act.core import Runtime
+from mooncake_operator.runtime.handlers import RuntimeHolder, build_registry
+from mooncake_operator.runtime.settings import OperatorSettings
 
 T = TypeVar("T")
 TEST_MANAGER = "operator-tests"
@@ -72,8 +76,8 @@ def serving(namespace: str, name: str = "demo", **spec_changes: Any) -> dict[str
         else:
             spec[key] = value
     return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,
     }
@@ -294,7 +298,7 @@ async def eventually(
 
 
 async def get_serving(kube: KubeClient, namespace: str, name: str = "demo") -> dict[str, Any]:
-    return await kube.get(api.API_VERSION, api.KIND, name, namespace)
+    return await kube.get(API_VERSION, KIND, name, namespace)
 
 
 async def wait_for_phase(
@@ -318,7 +322,7 @@ def condition(body: dict[str, Any], type_: str) -> dict[str, Any]:
 async def children(kube: KubeClient, namespace: str, name: str = "demo") -> dict[str, dict[str, Any]]:
     """Every object labelled as this resource's, by "Kind/name" (pods and events excluded)."""
     found = {}
-    selector = f"{render.LABEL_INSTANCE}={name}"
+    selector = f"{LABEL_INSTANCE}={name}"
     for api_version, kind in CHILD_KINDS:
         for item in await kube.list(api_version, kind, namespace, label_selector=selector):
             found[f"{kind}/{item['metadata']['name']}"] = item
@@ -326,7 +330,7 @@ async def children(kube: KubeClient, namespace: str, name: str = "demo") -> dict
 
 
 async def replica_pods(kube: KubeClient, namespace: str, name: str = "demo") -> list[dict[str, Any]]:
-    selector = f"{render.LABEL_INSTANCE}={name},{render.LABEL_COMPONENT}={render.COMPONENT_REPLICA}"
+    selector = f"{LABEL_INSTANCE}={name},{LABEL_COMPONENT}={COMPONENT_REPLICA}"
     pods = await kube.list("v1", "Pod", namespace, label_selector=selector)
     return sorted(pods, key=lambda pod: pod["metadata"]["name"])
 
@@ -334,9 +338,7 @@ async def replica_pods(kube: KubeClient, namespace: str, name: str = "demo") -> 
 async def events(kube: KubeClient, namespace: str, name: str = "demo") -> list[dict[str, Any]]:
     items = await kube.list("v1", "Event", namespace)
     mine = [
-        e
-        for e in items
-        if e["involvedObject"].get("kind") == api.KIND and e["involvedObject"]["name"] == name
+        e for e in items if e["involvedObject"].get("kind") == KIND and e["involvedObject"]["name"] == name
     ]
     # Creation order: etcd revisions grow (timestamps have one-second resolution).
     return sorted(mine, key=lambda e: int(e["metadata"]["resourceVersion"]))

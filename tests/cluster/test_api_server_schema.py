@@ -21,10 +21,15 @@ import yaml
 from tests.support.apiserver import ControlPlane
 from tests.support.manifests import with_change
 
-from mooncake_operator import api, crd, render
-from mooncake_operator.api import InvalidResourceError, parse_resource
-from mooncake_operator.kube import KubeApiError, KubeClient
-from mooncake_operator.reconcile.children import holds
+from mooncake_operator.api import crd
+from mooncake_operator.api.group import API_VERSION, KIND, PLURAL, SHORT_NAMES
+from mooncake_operator.api.resource import InvalidResourceError, parse_resource
+from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1, pod_disruption_budget
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import LABEL_INSTANCE
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.errors import KubeApiError
+from mooncake_operator.reconcile.act.children import holds
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_PATH = REPO / "crds" / crd.CRD_FILENAME
@@ -131,8 +136,8 @@ async def test_committed_crd_is_accepted_established_and_reapplying_it_changes_n
     assert conditions.get("NamesAccepted") == "True", conditions
     # A non-structural schema is accepted by the server but flagged; ours must be structural.
     assert "NonStructuralSchema" not in conditions, conditions
-    assert first["status"]["acceptedNames"]["shortNames"] == list(api.SHORT_NAMES)
-    assert first["status"]["acceptedNames"]["kind"] == api.KIND
+    assert first["status"]["acceptedNames"]["shortNames"] == list(SHORT_NAMES)
+    assert first["status"]["acceptedNames"]["kind"] == KIND
 
     again = await apply_committed_crd(kube)
     assert again["metadata"]["generation"] == first["metadata"]["generation"], (
@@ -171,7 +176,7 @@ async def test_customer_example_is_stored_as_is_with_the_servers_defaults(
     assert parsed.metadata.uid == stored["metadata"]["uid"]
     assert parsed.metadata.namespace == namespace
 
-    read_back = await kube.get(api.API_VERSION, api.KIND, example["metadata"]["name"], namespace)
+    read_back = await kube.get(API_VERSION, KIND, example["metadata"]["name"], namespace)
     assert read_back["spec"] == stored["spec"]
 
 
@@ -271,7 +276,6 @@ def _placement_and_metadata(obj: Manifest) -> Manifest:
             "enabled": True,
             "operator": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}},
             "clients": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
-            "metricsScrapers": [{"podSelector": {"matchLabels": {"app": "prometheus"}}}],
         },
     )
     secret = {"secretKeyRef": {"name": "keys", "key": "api", "optional": True}}
@@ -452,7 +456,7 @@ async def test_server_and_models_both_reject_what_the_schema_forbids(
     problems = model_problems(obj)
     assert any(leaf in problem for problem in problems), problems
 
-    assert await kube.list(api.API_VERSION, api.KIND, namespace) == [], "a rejected resource was stored"
+    assert await kube.list(API_VERSION, KIND, namespace) == [], "a rejected resource was stored"
 
 
 async def test_unknown_spec_field_is_pruned_by_the_server_and_rejected_by_the_models(
@@ -564,7 +568,7 @@ async def test_rules_beyond_the_schema_pass_the_server_and_are_caught_by_the_mod
 
 
 def table_of(plane: ControlPlane, namespace: str, name: str) -> Manifest:
-    path = f"/apis/{api.API_VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}"
+    path = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
     with plane.client() as http:
         response = http.get(path, headers={"Accept": TABLE_ACCEPT})
     assert response.status_code == 200, response.text
@@ -624,9 +628,7 @@ async def test_status_subresource_and_printer_columns(
         },
     }
 
-    patched = await kube.patch_status(
-        api.API_VERSION, api.KIND, name, status, namespace, field_manager=MANAGER
-    )
+    patched = await kube.patch_status(API_VERSION, KIND, name, status, namespace, field_manager=MANAGER)
 
     assert patched["status"]["conditions"][0]["message"] == ""
     assert patched["status"]["canary"]["externalHitTokens"] == 128
@@ -637,14 +639,14 @@ async def test_status_subresource_and_printer_columns(
 
     # A status sent through the main resource is ignored: only the subresource writes it.
     await kube.patch_merge(
-        api.API_VERSION, api.KIND, name, {"status": {"phase": "Degraded"}}, namespace, field_manager=MANAGER
+        API_VERSION, KIND, name, {"status": {"phase": "Degraded"}}, namespace, field_manager=MANAGER
     )
-    assert (await kube.get(api.API_VERSION, api.KIND, name, namespace))["status"]["phase"] == "Ready"
+    assert (await kube.get(API_VERSION, KIND, name, namespace))["status"]["phase"] == "Ready"
 
     # A status the schema forbids is rejected by the status subresource as well.
     with pytest.raises(KubeApiError) as caught:
         await kube.patch_status(
-            api.API_VERSION, api.KIND, name, {"phase": "Sleeping"}, namespace, field_manager=MANAGER
+            API_VERSION, KIND, name, {"phase": "Sleeping"}, namespace, field_manager=MANAGER
         )
     assert caught.value.status == 422 and "status.phase" in caught.value.message, caught.value
 
@@ -664,7 +666,7 @@ async def test_status_subresource_and_printer_columns(
 
 async def served_policy_version(kube: KubeClient) -> str:
     served = await kube.served_versions("policy")
-    return render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
+    return POLICY_V1 if "v1" in served else POLICY_V1BETA1
 
 
 async def test_the_disruption_budget_is_policy_v1_where_served_and_the_same_in_v1beta1(
@@ -675,8 +677,8 @@ async def test_the_disruption_budget_is_policy_v1_where_served_and_the_same_in_v
     served = await kube.served_versions("policy")
     assert "v1beta1" in served, served
     resource = parse_resource(customer_example("default"))
-    v1 = render.pod_disruption_budget(resource, owner_uid=None)
-    beta = render.pod_disruption_budget(resource, owner_uid=None, api_version=render.POLICY_V1BETA1)
+    v1 = pod_disruption_budget(resource, owner_uid=None)
+    beta = pod_disruption_budget(resource, owner_uid=None, api_version=POLICY_V1BETA1)
     assert v1["apiVersion"] == "policy/v1"
     assert {**v1, "apiVersion": beta["apiVersion"]} == beta
 
@@ -693,7 +695,7 @@ async def test_every_rendered_child_passes_a_server_side_dry_run_and_nothing_is_
     owner = await create(kube, obj)
     resource = parse_resource(owner)
     policy = await served_policy_version(kube)
-    children = render.render_all(resource, owner_uid=owner["metadata"]["uid"], policy_api_version=policy)
+    children = render_all(resource, owner_uid=owner["metadata"]["uid"], policy_api_version=policy)
     kinds = [(c["apiVersion"], c["kind"]) for c in children]
     assert {
         ("v1", "ConfigMap"),
@@ -717,7 +719,7 @@ async def test_every_rendered_child_passes_a_server_side_dry_run_and_nothing_is_
     spent = kube.counts.since(before)
     assert spent.dry_runs == len(children) and spent.writes == 0, spent
 
-    instance = f"{render.LABEL_INSTANCE}={resource.metadata.name}"
+    instance = f"{LABEL_INSTANCE}={resource.metadata.name}"
     for api_version, kind in sorted(set(kinds)):
         stored = await kube.list(api_version, kind, namespace, label_selector=instance)
         assert stored == [], f"dry run stored a {kind}"

@@ -26,8 +26,8 @@ from tests.support.chart import (
     run_helm,
 )
 
-from mooncake_operator import crd
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api import crd
+from mooncake_operator.kube.client import KubeClient
 
 MANAGER = "mooncake-chart-test"
 CRD_PATH = CHART_DIR.parents[1] / "crds" / crd.CRD_FILENAME

@@ -6,7 +6,7 @@ For each RBAC layout (a cluster-wide watch: ClusterRoles; a namespaced watch: a 
 `mooncake-operator` with the Deployment's own arguments (ports moved to free loopback ones, a
 kubeconfig holding that token, the replicas mapped to loopback fake vLLM servers, short resync
 periods). Then, as an admin, create a MooncakeServing and play the kubelet, and watch the operator:
-remove the finalizer an older operator left, apply every child, write status, post events; fail the
+apply every child, write status, post events; fail the
 canary against a corrupting replica and hold that replica out of traffic (a pod label patch); pass it
 after a rerun, putting the replica back and storing the last good revision. Its log must show no
 refusal. Finally the same token is tried on what the operator must not do.
@@ -36,9 +36,20 @@ from tests.support.apiserver import ControlPlane, free_port
 from tests.support.chart import CHART_DIR, Manifest, only, parse_manifests, run_helm
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient
-from mooncake_operator.reconcile.revisions import config_map_name
+from mooncake_operator.api.group import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    RERUN_CANARY_ANNOTATION,
+    VERSION,
+)
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import TRAFFIC_LABEL, TRAFFIC_OFF, TRAFFIC_ON, ChildNames
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.reconcile.decide.revisions import config_map_name
 
 MANAGER = "mooncake-chart-rbac-test"
 SERVING = "minimax-m25"
@@ -162,24 +173,22 @@ def wait_for_liveness(process: subprocess.Popen[bytes], port: int, log_path: Pat
 
 
 def expected_children(namespace: str, policy_api_version: str) -> list[tuple[str, str, str]]:
-    resource = api.parse_resource(serving(namespace, SERVING))
+    resource = parse_resource(serving(namespace, SERVING))
     return [
         (m["apiVersion"], m["kind"], m["metadata"]["name"])
-        for m in render.render_all(resource, owner_uid=None, policy_api_version=policy_api_version)
+        for m in render_all(resource, owner_uid=None, policy_api_version=policy_api_version)
     ]
 
 
 async def reconciled(kube: KubeClient, namespace: str) -> list[str]:
     """What is still missing of the operator's work on the MooncakeServing (empty: all done)."""
     missing = []
-    resource = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
-    if api.LEGACY_FINALIZER in (resource["metadata"].get("finalizers") or []):
-        missing.append("the older operator's finalizer removed")
+    resource = await kube.get(API_VERSION, KIND, SERVING, namespace)
     status = resource.get("status") or {}
     if not status.get("phase") or not status.get("conditions"):
         missing.append("status")
     # The PodDisruptionBudget's version the server serves, as the operator picks it (1.20: v1beta1).
-    policy = render.POLICY_V1 if "v1" in await kube.served_versions("policy") else render.POLICY_V1BETA1
+    policy = POLICY_V1 if "v1" in await kube.served_versions("policy") else POLICY_V1BETA1
     for api_version, kind, name in expected_children(namespace, policy):
         child = await kube.get_or_none(api_version, kind, name, namespace)
         if child is None:
@@ -205,7 +214,7 @@ async def wait_until_reconciled(kube: KubeClient, namespace: str, log_path: Path
 
 async def wait_until_deleted(kube: KubeClient, namespace: str, log_path: Path) -> None:
     deadline = time.monotonic() + RECONCILE_TIMEOUT_S
-    while await kube.get_or_none(api.API_VERSION, api.KIND, SERVING, namespace) is not None:
+    while await kube.get_or_none(API_VERSION, KIND, SERVING, namespace) is not None:
         assert time.monotonic() < deadline, f"resource not deleted; operator log:\n{operator_log(log_path)}"
         await asyncio.sleep(0.5)
 
@@ -213,7 +222,7 @@ async def wait_until_deleted(kube: KubeClient, namespace: str, log_path: Path) -
 def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, Any] | None]]:
     """(method, path, body) the operator has no business making; each must get 403."""
     ns = installed.serving_namespace
-    names = render.ChildNames.of(SERVING)
+    names = ChildNames.of(SERVING)
     requests: list[tuple[str, str, dict[str, Any] | None]] = [
         ("DELETE", f"/api/v1/namespaces/{ns}", None),
         ("GET", f"/api/v1/namespaces/{ns}/secrets", None),
@@ -224,8 +233,10 @@ def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, A
         ("DELETE", f"/api/v1/namespaces/{ns}/services/{names.client_service}", None),
         ("DELETE", f"/apis/apps/v1/namespaces/{ns}/deployments/{names.master}", None),
         ("DELETE", f"/api/v1/namespaces/{ns}/pods", None),
-        ("DELETE", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{ns}/{api.PLURAL}/{SERVING}", None),
-        ("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{api.PLURAL}.{api.GROUP}", None),
+        ("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{SERVING}", None),
+        # The spec is the user's: the operator writes the status subresource only.
+        ("PATCH", f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURAL}/{SERVING}", {"spec": {"replicas": 3}}),
+        ("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PLURAL}.{GROUP}", None),
         ("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles", None),
         (
             "POST",
@@ -255,8 +266,8 @@ def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, A
         # A namespaced watch: nothing of the application's reaches beyond the watched namespace.
         other = installed.other_namespace
         requests += [
-            ("GET", f"/apis/{api.GROUP}/{api.VERSION}/{api.PLURAL}", None),
-            ("GET", f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{other}/{api.PLURAL}", None),
+            ("GET", f"/apis/{GROUP}/{VERSION}/{PLURAL}", None),
+            ("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{other}/{PLURAL}", None),
             ("GET", f"/api/v1/namespaces/{other}/pods", None),
             (
                 "POST",
@@ -270,7 +281,7 @@ def forbidden_requests(installed: Installed) -> list[tuple[str, str, dict[str, A
 async def phase_reached(kube: KubeClient, namespace: str, phase: str, log_path: Path) -> dict[str, Any]:
     deadline = time.monotonic() + RECONCILE_TIMEOUT_S
     while True:
-        resource = await kube.get(api.API_VERSION, api.KIND, SERVING, namespace)
+        resource = await kube.get(API_VERSION, KIND, SERVING, namespace)
         status = resource.get("status") or {}
         if status.get("phase") == phase:
             return resource
@@ -284,7 +295,7 @@ async def phase_reached(kube: KubeClient, namespace: str, phase: str, log_path: 
 
 async def traffic_label(kube: KubeClient, namespace: str, pod: str) -> str | None:
     labels = (await kube.get("v1", "Pod", pod, namespace))["metadata"].get("labels") or {}
-    value: str | None = labels.get(render.TRAFFIC_LABEL)
+    value: str | None = labels.get(TRAFFIC_LABEL)
     return value
 
 
@@ -296,7 +307,7 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
     kubeconfig = kube_cluster.write_kubeconfig(tmp_path / "operator.kubeconfig", token, "operator")
     liveness_port = free_port()
     log_path = tmp_path / "operator.log"
-    replica = f"{render.ChildNames.of(SERVING).replicas}-1"
+    replica = f"{ChildNames.of(SERVING).replicas}-1"
 
     # Replica 1 corrupts answers computed from a loaded prefix: the canary must fail and blame it.
     with FakeCluster.start(2, modes=[Mode.CORRECT, Mode.US_EAST]) as fakes:
@@ -305,31 +316,29 @@ async def test_operator_under_the_charts_service_account_does_its_job_and_nothin
         extra = [f"--replica-endpoints={endpoints}", *OPERATOR_TEST_FLAGS]
         argv = local_operator_argv(installed.operator_args, kubeconfig, liveness_port, extra)
         with running_operator(argv, log_path, liveness_port):
-            older = serving(namespace, SERVING)  # as an older operator's kopf daemon left it
-            older["metadata"]["finalizers"] = [api.LEGACY_FINALIZER]
-            await kube.create(older)
+            await kube.create(serving(namespace, SERVING))
             await wait_until_reconciled(kube, namespace, log_path)
             async with FakeKubelet(kube, namespace):
                 failed = await phase_reached(kube, namespace, "CanaryFailed", log_path)
                 assert failed["status"]["outOfTraffic"] == [replica]
-                assert await traffic_label(kube, namespace, replica) == render.TRAFFIC_OFF
+                assert await traffic_label(kube, namespace, replica) == TRAFFIC_OFF
 
                 fakes[1].mode = Mode.CORRECT
-                rerun = {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "after-fix"}}}
-                await kube.patch_merge(api.API_VERSION, api.KIND, SERVING, rerun, namespace)
+                rerun = {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "after-fix"}}}
+                await kube.patch_merge(API_VERSION, KIND, SERVING, rerun, namespace)
                 ready = await phase_reached(kube, namespace, "Ready", log_path)
                 assert ready["status"]["canary"]["verdict"] == "Passed"
                 assert ready["status"]["outOfTraffic"] == []
 
                 async def back_in_traffic() -> bool:
                     # The label follows the status write (a failed write never changes a label).
-                    return await traffic_label(kube, namespace, replica) == render.TRAFFIC_ON
+                    return await traffic_label(kube, namespace, replica) == TRAFFIC_ON
 
                 await eventually(back_in_traffic, what=f"{replica} labelled traffic=on")
                 assert await kube.get_or_none("v1", "ConfigMap", config_map_name(SERVING), namespace)
 
             # No finalizer: the API server deletes it, the garbage collector the children.
-            await kube.delete(api.API_VERSION, api.KIND, SERVING, namespace)
+            await kube.delete(API_VERSION, KIND, SERVING, namespace)
             await wait_until_deleted(kube, namespace, log_path)
     log = operator_log(log_path)
     assert re.search(r"HTTP/1\.1 20[01] ", log), "no API request lines in the log: is --debug honoured?"

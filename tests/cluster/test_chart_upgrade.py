@@ -22,8 +22,15 @@ from tests.cluster.operator_harness import install_crd, serving
 from tests.support.apiserver import ControlPlane
 from tests.support.chart import CHART_DIR, REPO_ROOT, run_helm
 
-from mooncake_operator import api, crd, render
-from mooncake_operator.kube import KubeApiError, KubeClient, resource_path
+from mooncake_operator.api import crd
+from mooncake_operator.api.engine_flags import DEFAULT_GPUS_PER_NODE
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.api.spec import MAX_REPLICAS
+from mooncake_operator.build.names import replica_selector_string
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.errors import KubeApiError
+from mooncake_operator.kube.kinds import resource_path
 
 # The chart as main released it before the CRD became a template: its CRD sits in crds/.
 PREVIOUS_CHART_COMMIT = "d081296c3c96382d0a32e5fb120bce245bc1427d"
@@ -104,18 +111,18 @@ async def test_helm_upgrade_from_the_crds_directory_chart_upgrades_the_crd_and_k
         assert after["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
         assert after["metadata"]["annotations"]["meta.helm.sh/release-name"] == release
 
-        kept = await kube.get(api.API_VERSION, api.KIND, "kept", namespace)
+        kept = await kube.get(API_VERSION, KIND, "kept", namespace)
         assert kept["metadata"]["uid"] == created["metadata"]["uid"]
         # Unchanged but for the defaults of fields the new schema adds (applied on read, as the models do).
-        assert api.parse_resource(kept).spec == api.parse_resource(created).spec
-        assert kept["spec"]["engine"]["gpusPerNode"] == api.DEFAULT_GPUS_PER_NODE
+        assert parse_resource(kept).spec == parse_resource(created).spec
+        assert kept["spec"]["engine"]["gpusPerNode"] == DEFAULT_GPUS_PER_NODE
         assert "gpusPerNode" not in created["spec"]["engine"]
         # A field only the new CRD knows is stored (the previous schema prunes it). The API server
         # switches to an updated schema asynchronously: patch until it does.
         deadline = time.monotonic() + 30
         while True:
             patched = await kube.patch_merge(
-                api.API_VERSION, api.KIND, "kept", {"spec": {"pod": {"drainSeconds": 600}}}, namespace
+                API_VERSION, KIND, "kept", {"spec": {"pod": {"drainSeconds": 600}}}, namespace
             )
             if (patched["spec"].get("pod") or {}).get("drainSeconds") == 600:
                 break
@@ -127,7 +134,7 @@ async def test_helm_upgrade_from_the_crds_directory_chart_upgrades_the_crd_and_k
     finally:
         run_helm(["uninstall", release, "--namespace", namespace], env=env)
     assert await kube.get_or_none(*CRD_API, crd.CRD_NAME) is not None, "helm uninstall deleted the CRD"
-    survivor = await kube.get(api.API_VERSION, api.KIND, "kept", namespace)
+    survivor = await kube.get(API_VERSION, KIND, "kept", namespace)
     assert survivor["metadata"]["uid"] == created["metadata"]["uid"]
     # Leave the CRD as the other tests apply it.
     await install_crd(kube)
@@ -135,9 +142,7 @@ async def test_helm_upgrade_from_the_crds_directory_chart_upgrades_the_crd_and_k
 
 async def scale(kube: KubeClient, namespace: str, name: str, method: str = "GET", body: Any = None) -> Any:
     """The scale subresource, as `kubectl scale` (a merge patch of spec.replicas) and HPAs use it."""
-    path = resource_path(
-        kube.kind(api.API_VERSION, api.KIND), namespace=namespace, name=name, subresource="scale"
-    )
+    path = resource_path(kube.kind(API_VERSION, KIND), namespace=namespace, name=name, subresource="scale")
     content_type = "application/merge-patch+json"
     return await kube._request("scale", method, path, body=body, content_type=content_type)
 
@@ -147,12 +152,12 @@ async def test_kubectl_scale_writes_spec_replicas_and_reads_the_status(
 ) -> None:
     await install_crd(kube)
     await kube.create(serving(namespace, "scaled"), field_manager=MANAGER)
-    resource = api.parse_resource(await kube.get(api.API_VERSION, api.KIND, "scaled", namespace))
+    resource = parse_resource(await kube.get(API_VERSION, KIND, "scaled", namespace))
     await kube.patch_status(
-        api.API_VERSION,
-        api.KIND,
+        API_VERSION,
+        KIND,
         "scaled",
-        {"replicas": {"desired": 2, "ready": 2}, "selector": render.replica_selector_string(resource)},
+        {"replicas": {"desired": 2, "ready": 2}, "selector": replica_selector_string(resource)},
         namespace,
     )
     deadline = time.monotonic() + 30
@@ -170,9 +175,9 @@ async def test_kubectl_scale_writes_spec_replicas_and_reads_the_status(
         "selector": "app.kubernetes.io/component=engine,app.kubernetes.io/instance=scaled",
     }
     await scale(kube, namespace, "scaled", "PATCH", {"spec": {"replicas": 4}})
-    after = await kube.get(api.API_VERSION, api.KIND, "scaled", namespace)
+    after = await kube.get(API_VERSION, KIND, "scaled", namespace)
     assert after["spec"]["replicas"] == 4
     assert after["metadata"]["generation"] == 2  # a spec change: the operator rolls it out and proves it
     with pytest.raises(KubeApiError) as caught:
-        await scale(kube, namespace, "scaled", "PATCH", {"spec": {"replicas": api.MAX_REPLICAS + 1}})
+        await scale(kube, namespace, "scaled", "PATCH", {"spec": {"replicas": MAX_REPLICAS + 1}})
     assert caught.value.status == 422

@@ -12,15 +12,10 @@ import pytest
 import yaml
 from tests.support.apiserver import ControlPlane, free_port
 
-from mooncake_operator.kube import (
-    KubeApiError,
-    KubeClient,
-    KubeConfig,
-    KubeConfigError,
-    KubeTransportError,
-    ResourceKind,
-    resource_path,
-)
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.errors import KubeApiError, KubeConfigError, KubeTransportError
+from mooncake_operator.kube.kinds import ResourceKind, resource_path
 
 MANAGER = "mooncake-operator-test"
 

@@ -17,9 +17,9 @@ import pytest
 from tests.cluster.operator_harness import eventually, serving
 from tests.support.apiserver import ControlPlane, free_port
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
-from mooncake_operator.operator_lease import LEASE_API_VERSION, LEASE_KIND
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.runtime.lease import LEASE_API_VERSION, LEASE_KIND
 
 pytestmark = pytest.mark.cluster
 
@@ -76,7 +76,7 @@ async def lease_duration(kube: KubeClient, namespace: str) -> object:
 
 
 async def reconciled(kube: KubeClient, namespace: str, name: str) -> bool:
-    body = await kube.get_or_none(api.API_VERSION, api.KIND, name, namespace)
+    body = await kube.get_or_none(API_VERSION, KIND, name, namespace)
     return bool(((body or {}).get("status") or {}).get("phase"))
 
 
@@ -116,7 +116,7 @@ async def test_the_second_operator_stays_idle_until_the_first_stops(
             assert second.poll() is None, log_of(second_log)
             # Leave nothing behind for another test's cluster-wide operator.
             for name in ("one", "two"):
-                await kube.delete(api.API_VERSION, api.KIND, name, namespace)
+                await kube.delete(API_VERSION, KIND, name, namespace)
             await eventually(lambda: _all_gone(kube, namespace), within=60, what="the resources deleted")
 
 
@@ -130,4 +130,4 @@ async def _new_holder(kube: KubeClient, namespace: str, old: str) -> str | None:
 
 
 async def _all_gone(kube: KubeClient, namespace: str) -> bool:
-    return not await kube.list(api.API_VERSION, api.KIND, namespace)
+    return not await kube.list(API_VERSION, KIND, namespace)

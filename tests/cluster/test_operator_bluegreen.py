@@ -25,8 +25,11 @@ from tests.cluster.test_operator_traffic import client_endpoints, endpoints_beco
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.names import replica_set_name
+from mooncake_operator.build.replicas import replica_template_id
+from mooncake_operator.kube.client import KubeClient
 
 NODE = "fake-node"
 BLUE_IMAGE = "registry.invalid/vllm-mooncake:fixed"
@@ -40,8 +43,8 @@ def blue_green(namespace: str, **changes: Any) -> dict[str, Any]:
 
 def candidate_name(namespace: str, image: str) -> str:
     """The set the operator will create for `image` (its pod template digest names it)."""
-    resource = api.parse_resource(blue_green(namespace, engine={"image": image, "blockSize": 32}))
-    return render.replica_set_name(resource, render.replica_template_id(resource))
+    resource = parse_resource(blue_green(namespace, engine={"image": image, "blockSize": 32}))
+    return replica_set_name(resource, replica_template_id(resource))
 
 
 async def rollout_of(kube: KubeClient, namespace: str) -> dict[str, Any]:
@@ -90,7 +93,7 @@ async def endpoints_seen(kube: KubeClient, namespace: str) -> AsyncIterator[list
 
 async def patch_image(kube: KubeClient, namespace: str, image: str) -> None:
     patch = {"spec": {"engine": {"image": image}}}
-    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+    await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
 
 async def test_a_blue_green_rollout_switches_the_client_service_only_after_a_pass(
@@ -131,7 +134,7 @@ async def switch_after_pass(
     assert blue_set["spec"]["template"]["spec"]["containers"][0]["image"] == BLUE_IMAGE
     green_set = await stateful_set(kube, namespace, green)
     assert green_set is not None
-    assert green_set["metadata"]["ownerReferences"][0]["kind"] == api.KIND
+    assert green_set["metadata"]["ownerReferences"][0]["kind"] == KIND
     assert await client_endpoints(kube, namespace) == blue
 
     # Ready, proven, switched: the endpoints list the new set's pods only; the old set goes.
@@ -189,7 +192,7 @@ async def fail_then_roll_back(kube: KubeClient, namespace: str, green: str, blue
 
     # Rollback: the next failure removes the candidate; the old set never stopped serving.
     patch = {"spec": {"canary": {"onFailure": "Rollback"}}}
-    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+    await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
     async def candidate_removed() -> dict[str, Any] | None:
         rollout = await rollout_of(kube, namespace)

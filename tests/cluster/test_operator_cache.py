@@ -19,11 +19,15 @@ from tests.cluster.operator_harness import (
     wait_for_phase,
 )
 from tests.support.apiserver import ControlPlane
-from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient
-from mooncake_operator.reconcile import Runtime, reconcile
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.build.names import ChildNames
+from mooncake_operator.build.store_config import STORE_CONFIG_KEY
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
+from mooncake_operator.runtime.settings import OperatorSettings
 
 NEW_IMAGE = "registry.invalid/vllm-mooncake:newer"
 
@@ -55,7 +59,7 @@ async def test_a_spec_edit_racing_a_reconcile_is_not_undone_by_its_stale_status_
         runtime.cache.record("ADDED", seen)  # what kopf's watch hands the cache (no kopf runs here)
         await runtime.cache.close()  # from here on the cache is behind the API server
         edit = {"spec": {"engine": {"image": NEW_IMAGE}}}
-        edited = await kube.patch_merge(api.API_VERSION, api.KIND, "demo", edit, namespace)
+        edited = await kube.patch_merge(API_VERSION, KIND, "demo", edit, namespace)
         assert edited["metadata"]["generation"] == seen["metadata"]["generation"] + 1
 
         await runtime.policy_api_version()  # discovery, once per process: not part of what is counted
@@ -68,9 +72,9 @@ async def test_a_spec_edit_racing_a_reconcile_is_not_undone_by_its_stale_status_
         assert calls["patch_status"] == 2 and calls["get"] == 1, calls
         body = await get_serving(kube, namespace)
         assert body["status"]["observedGeneration"] == edited["metadata"]["generation"]
-        spec = api.parse_resource({**body, "status": None}).spec
-        assert body["status"]["desiredRevision"] == render.spec_hash(spec)
-        names = render.ChildNames.of("demo")
+        spec = parse_resource({**body, "status": None}).spec
+        assert body["status"]["desiredRevision"] == spec_hash(spec)
+        names = ChildNames.of("demo")
         stateful_set = await kube.get("apps/v1", "StatefulSet", names.replicas, namespace)
         assert replica_image(stateful_set) == NEW_IMAGE
     finally:
@@ -80,7 +84,7 @@ async def test_a_spec_edit_racing_a_reconcile_is_not_undone_by_its_stale_status_
 async def test_an_apply_from_a_stale_child_keeps_what_others_own_on_it(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None
 ) -> None:
-    names = render.ChildNames.of("demo")
+    names = ChildNames.of("demo")
     runtime = await started_runtime(kube_cluster, namespace)
     try:
         await kube.create(serving(namespace))
@@ -93,7 +97,7 @@ async def test_an_apply_from_a_stale_child_keeps_what_others_own_on_it(
         await kube.patch_merge("apps/v1", "StatefulSet", names.replicas, mine, namespace, field_manager="ops")
         # The spec changes; the cache learns it (as if its watch delivered only that event).
         await kube.patch_merge(
-            api.API_VERSION, api.KIND, "demo", {"spec": {"engine": {"image": NEW_IMAGE}}}, namespace
+            API_VERSION, KIND, "demo", {"spec": {"engine": {"image": NEW_IMAGE}}}, namespace
         )
         runtime.cache.remember(await get_serving(kube, namespace))
 
@@ -107,12 +111,9 @@ async def test_an_apply_from_a_stale_child_keeps_what_others_own_on_it(
 
 
 async def test_a_deleted_or_edited_child_is_restored_at_once_without_a_resync(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+    kube: KubeClient, namespace: str, crd: None, settings: OperatorSettings
 ) -> None:
-    names = render.ChildNames.of("demo")
-    settings = operator_settings(
-        kube_cluster, namespace, replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)}
-    )
+    names = ChildNames.of("demo")
     assert settings.resync_seconds >= 600
     with run_operator(settings) as operator:
         async with FakeKubelet(kube, namespace):
@@ -127,12 +128,12 @@ async def test_a_deleted_or_edited_child_is_restored_at_once_without_a_resync(
 
         await eventually(recreated, within=10, what="the deleted client Service recreated")
 
-        drift = {"data": {render.STORE_CONFIG_KEY: "{}"}}
+        drift = {"data": {STORE_CONFIG_KEY: "{}"}}
         await kube.patch_merge("v1", "ConfigMap", names.store_config, drift, namespace, field_manager="ops")
 
         async def restored() -> bool:
             config_map = await kube.get("v1", "ConfigMap", names.store_config, namespace)
-            return bool(config_map["data"][render.STORE_CONFIG_KEY] != "{}")
+            return bool(config_map["data"][STORE_CONFIG_KEY] != "{}")
 
         await eventually(restored, within=10, what="the edited store config put back")
         reacted = operator.runtime.kube.counts.since(before)

@@ -33,8 +33,10 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig
+from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.kube.errors import KubeApiError
 
 TOKENS = 12
 LIFETIME_S = 2
@@ -186,13 +188,13 @@ async def test_the_operator_keeps_reconciling_across_exec_token_expiries(
             await asyncio.sleep(3 * LIFETIME_S)
             for round_ in range(2):
                 before = sum(len(r.requests_to("/v1/chat/completions")) for r in fakes.replicas)
-                patch = {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: f"r{round_}"}}}
-                await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+                patch = {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: f"r{round_}"}}}
+                await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
                 async def rerun_done(
                     before: int = before, value: str = f"r{round_}"
                 ) -> dict[str, Any] | None:
-                    body = await kube.get(api.API_VERSION, api.KIND, "demo", namespace)
+                    body = await kube.get(API_VERSION, KIND, "demo", namespace)
                     posts = sum(len(r.requests_to("/v1/chat/completions")) for r in fakes.replicas)
                     canary = (body.get("status") or {}).get("canary") or {}
                     done = (
@@ -274,11 +276,11 @@ async def test_the_operator_keeps_reconciling_after_its_token_is_revoked(
             await asyncio.to_thread(revoke, kube_cluster, namespace, tokens, range(handed_out))
             await asyncio.sleep(2 * WATCH_S)  # kopf's watch has reconnected since, and met a 401
             before = sum(len(r.requests_to("/v1/chat/completions")) for r in fakes.replicas)
-            patch = {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "after-revocation"}}}
-            await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+            patch = {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "after-revocation"}}}
+            await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
             async def rerun_done() -> dict[str, Any] | None:
-                body = await kube.get(api.API_VERSION, api.KIND, "demo", namespace)
+                body = await kube.get(API_VERSION, KIND, "demo", namespace)
                 posts = sum(len(r.requests_to("/v1/chat/completions")) for r in fakes.replicas)
                 canary = (body.get("status") or {}).get("canary") or {}
                 done = (

@@ -28,8 +28,9 @@ from tests.cluster.operator_harness import (
 from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
+from mooncake_operator.build.names import TRAFFIC_LABEL, TRAFFIC_ON, client_selector
+from mooncake_operator.kube.client import KubeClient
 
 NODE = "fake-node"
 FOREIGN = "evil-0"
@@ -41,7 +42,7 @@ def foreign_pod(namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": FOREIGN, "namespace": namespace, "labels": render.client_selector("demo")},
+        "metadata": {"name": FOREIGN, "namespace": namespace, "labels": client_selector("demo")},
         "spec": {
             "hostname": "demo-replica-0",
             "subdomain": "demo-replicas",
@@ -87,8 +88,8 @@ async def test_a_foreign_pod_in_the_client_service_is_reported_and_never_dialled
                 # Canary runs after it appeared (the rerun annotation, then the Inconclusive retries):
                 # each dials the replicas' IPs, none the foreign pod's, whose name is in no record.
                 before = body["status"]["canary"]["runId"]
-                annotation = {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "foreign"}}}
-                await kube.patch_merge(api.API_VERSION, api.KIND, "demo", annotation, namespace)
+                annotation = {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "foreign"}}}
+                await kube.patch_merge(API_VERSION, KIND, "demo", annotation, namespace)
 
                 async def ran_again() -> dict[str, Any] | None:
                     body = await get_serving(kube, namespace)
@@ -106,7 +107,7 @@ async def test_a_foreign_pod_in_the_client_service_is_reported_and_never_dialled
                 assert FOREIGN not in {entry["name"] for entry in status["traffic"]["pods"]}
                 assert impostor[0].requests == [], "the canary sent a request to the foreign pod"
                 still = await kube.get("v1", "Pod", FOREIGN, namespace)
-                assert still["metadata"]["labels"][render.TRAFFIC_LABEL] == render.TRAFFIC_ON
+                assert still["metadata"]["labels"][TRAFFIC_LABEL] == TRAFFIC_ON
                 assert status["foreignPods"] == [FOREIGN]
                 again = [e for e in await events(kube, namespace) if e["reason"] == "ForeignPodInService"]
                 assert len(again) == 1, "reported once while it stays, not on every pass"

@@ -9,19 +9,16 @@ from typing import Any
 
 import pytest
 from tests.cluster.operator_harness import (
+    RunningOperator,
     children,
     condition,
     eventually,
-    operator_settings,
-    run_operator,
     serving,
     wait_for_phase,
 )
-from tests.support.apiserver import ControlPlane
-from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
 
 RDMA_WITHOUT_DEVICE = {
     "globalSegmentSize": "1GB",
@@ -61,52 +58,46 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
-def settings_for(plane: ControlPlane, namespace: str, fakes: FakeCluster) -> Any:
-    return operator_settings(plane, namespace, replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)})
-
-
 @pytest.mark.parametrize("case", list(REFUSED))
 async def test_refused_combinations_mark_the_resource_invalid_and_apply_nothing(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster, case: str
+    kube: KubeClient, namespace: str, case: str, operator: RunningOperator
 ) -> None:
     changes, mentions = REFUSED[case]
-    with run_operator(settings_for(kube_cluster, namespace, fakes)) as operator:
-        await kube.create(serving(namespace, **changes))  # the CRD schema admits it
-        invalid = await wait_for_phase(kube, namespace, "Invalid")
-        ready = condition(invalid, "Ready")
-        assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
-        assert mentions in ready["message"], ready["message"]
-        assert await children(kube, namespace) == {}
-        assert operator.runtime.kube.counts.by_verb["apply"] == 0
+    await kube.create(serving(namespace, **changes))  # the CRD schema admits it
+    invalid = await wait_for_phase(kube, namespace, "Invalid")
+    ready = condition(invalid, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
+    assert mentions in ready["message"], ready["message"]
+    assert await children(kube, namespace) == {}
+    assert operator.runtime.kube.counts.by_verb["apply"] == 0
 
 
 async def test_a_changed_cache_claim_template_is_refused_and_nothing_is_applied(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+    kube: KubeClient, namespace: str, operator: RunningOperator
 ) -> None:
     claim = {"volumeClaimTemplate": {"size": "10Gi", "storageClassName": "fast"}}
-    with run_operator(settings_for(kube_cluster, namespace, fakes)) as operator:
-        await kube.create(serving(namespace, model={"name": "MiniMaxAI/MiniMax-M2.5", "cache": claim}))
+    await kube.create(serving(namespace, model={"name": "MiniMaxAI/MiniMax-M2.5", "cache": claim}))
 
-        async def all_children() -> dict[str, Any] | None:
-            found = await children(kube, namespace)
-            return found if "StatefulSet/demo-replica" in found and len(found) >= 9 else None
+    async def all_children() -> dict[str, Any] | None:
+        found = await children(kube, namespace)
+        return found if "StatefulSet/demo-replica" in found and len(found) >= 9 else None
 
-        before = await eventually(all_children, what="the children")
-        templates = before["StatefulSet/demo-replica"]["spec"]["volumeClaimTemplates"]
-        assert [
-            (t["metadata"]["name"], t["spec"]["resources"]["requests"]["storage"]) for t in templates
-        ] == [("hf-cache", "10Gi")]
-        applies = operator.runtime.kube.counts.by_verb["apply"]
+    before = await eventually(all_children, what="the children")
+    templates = before["StatefulSet/demo-replica"]["spec"]["volumeClaimTemplates"]
+    assert [(t["metadata"]["name"], t["spec"]["resources"]["requests"]["storage"]) for t in templates] == [
+        ("hf-cache", "10Gi")
+    ]
+    applies = operator.runtime.kube.counts.by_verb["apply"]
 
-        # A bigger claim, and a master port change that would otherwise be applied to other children.
-        bigger = {"volumeClaimTemplate": {"size": "20Gi", "storageClassName": "fast"}}
-        patch = {"spec": {"model": {"cache": bigger}, "store": {"master": {"rpcPort": 50052}}}}
-        await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
-        invalid = await wait_for_phase(kube, namespace, "Invalid")
-        message = condition(invalid, "Ready")["message"]
-        assert "model.cache.volumeClaimTemplate" in message and "StatefulSet demo-replica" in message, message
+    # A bigger claim, and a master port change that would otherwise be applied to other children.
+    bigger = {"volumeClaimTemplate": {"size": "20Gi", "storageClassName": "fast"}}
+    patch = {"spec": {"model": {"cache": bigger}, "store": {"master": {"rpcPort": 50052}}}}
+    await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
+    invalid = await wait_for_phase(kube, namespace, "Invalid")
+    message = condition(invalid, "Ready")["message"]
+    assert "model.cache.volumeClaimTemplate" in message and "StatefulSet demo-replica" in message, message
 
-        assert operator.runtime.kube.counts.by_verb["apply"] == applies, "something was applied"
-        after = await children(kube, namespace)
-        for key, child in before.items():  # statuses move (controllers); what the operator writes does not
-            assert after[key].get("spec", after[key].get("data")) == child.get("spec", child.get("data")), key
+    assert operator.runtime.kube.counts.by_verb["apply"] == applies, "something was applied"
+    after = await children(kube, namespace)
+    for key, child in before.items():  # statuses move (controllers); what the operator writes does not
+        assert after[key].get("spec", after[key].get("data")) == child.get("spec", child.get("data")), key

@@ -7,6 +7,7 @@ mooncake_master 0.3.13.post1 does in HA mode; the real election is proven by the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,18 +18,19 @@ from tests.cluster.operator_harness import (
     events,
     eventually,
     get_serving,
-    operator_settings,
     run_operator,
     serving,
     wait_for_phase,
 )
-from tests.support.apiserver import ControlPlane
 from tests.support.fake_masters import FakeMasters
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator import api, render
-from mooncake_operator.api import parse_resource
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.runtime.settings import OperatorSettings
 
 MANAGER = "operator-tests"
 HA_EXTERNAL = {"enabled": True, "etcd": {"external": {"endpoints": ["etcd.invalid:2379"]}}}
@@ -65,8 +67,8 @@ async def test_ha_children_pass_a_server_side_dry_run(
     owner = await kube.create(ha_serving(namespace, ha), field_manager=MANAGER)
     resource = parse_resource(owner)
     served = await kube.served_versions("policy")  # the test API server may predate policy/v1
-    policy = render.POLICY_V1 if "v1" in served else render.POLICY_V1BETA1
-    children = render.render_all(resource, owner_uid=owner["metadata"]["uid"], policy_api_version=policy)
+    policy = POLICY_V1 if "v1" in served else POLICY_V1BETA1
+    children = render_all(resource, owner_uid=owner["metadata"]["uid"], policy_api_version=policy)
     assert ("apps/v1", "StatefulSet", "demo-master") in [
         (c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children
     ]
@@ -78,18 +80,13 @@ async def test_ha_children_pass_a_server_side_dry_run(
 
 async def test_the_operator_follows_the_leader_and_recanaries_on_a_failover(
     kube: KubeClient,
-    kube_cluster: ControlPlane,
     namespace: str,
     crd: None,
     fakes: FakeCluster,
+    settings: OperatorSettings,
     masters: FakeMasters,
 ) -> None:
-    settings = operator_settings(
-        kube_cluster,
-        namespace,
-        replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)},
-        master_endpoints={f"{namespace}/demo": tuple(masters.urls)},
-    )
+    settings = dataclasses.replace(settings, master_endpoints={f"{namespace}/demo": tuple(masters.urls)})
     masters.lead(0, view=2)
     with run_operator(settings):
         async with FakeKubelet(kube, namespace):
@@ -97,8 +94,8 @@ async def test_the_operator_follows_the_leader_and_recanaries_on_a_failover(
             await kube.create(serving(namespace))
             await wait_for_phase(kube, namespace, "Ready", within=60)
             await kube.patch_merge(
-                api.API_VERSION,
-                api.KIND,
+                API_VERSION,
+                KIND,
                 "demo",
                 {"spec": {"store": {"master": {"highAvailability": HA_EXTERNAL}}}},
                 namespace,

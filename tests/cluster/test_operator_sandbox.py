@@ -30,9 +30,9 @@ from tests.support.cpu_stalls import (  # noqa: F401 (fixtures: watch this modul
     stalled_during_test,
 )
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
-from mooncake_operator.reconcile.status import without_empty_strings
+from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.reconcile.decide.status import without_empty_strings
 from mooncake_sandbox import (
     EngineMode,
     Sandbox,
@@ -87,8 +87,8 @@ def sandbox_resource(namespace: str, block_size: int) -> dict[str, Any]:
         "suite": [],
     }
     return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": "demo", "namespace": namespace},
         "spec": spec,
     }
@@ -114,10 +114,10 @@ async def test_ready_with_the_patched_engine_canary_failed_with_the_buggy_one(
             # The same replicas on the engine without the fix; a re-run is asked for.
             await sandbox.restart_replicas([0, 1], engine=EngineMode.BUGGY)
             await kube.patch_merge(
-                api.API_VERSION,
-                api.KIND,
+                API_VERSION,
+                KIND,
                 "demo",
-                {"metadata": {"annotations": {api.RERUN_CANARY_ANNOTATION: "buggy-engine"}}},
+                {"metadata": {"annotations": {RERUN_CANARY_ANNOTATION: "buggy-engine"}}},
                 namespace,
             )
             failed = await wait_for_phase(kube, namespace, "CanaryFailed", within=2 * CANARY_TIMEOUT_S)

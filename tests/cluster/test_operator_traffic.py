@@ -15,17 +15,16 @@ from tests.cluster.operator_harness import (
     condition,
     eventually,
     get_serving,
-    operator_settings,
     replica_pods,
     run_operator,
     serving,
     wait_for_phase,
 )
-from tests.support.apiserver import ControlPlane
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.runtime.settings import OperatorSettings
 
 NODE = "fake-node"
 NEVER_LOADS = "registry.invalid/vllm-mooncake:never-loads"  # its canary is Inconclusive: no external hit
@@ -62,7 +61,7 @@ async def endpoints_become(kube: KubeClient, namespace: str, wanted: set[str], w
 
 async def patch_image(kube: KubeClient, namespace: str, image: str) -> None:
     patch = {"spec": {"engine": {"image": image}}}
-    await kube.patch_merge(api.API_VERSION, api.KIND, "demo", patch, namespace)
+    await kube.patch_merge(API_VERSION, KIND, "demo", patch, namespace)
 
 
 async def settled_at(kube: KubeClient, namespace: str, generation: int, phase: str) -> dict[str, Any]:
@@ -77,11 +76,8 @@ async def settled_at(kube: KubeClient, namespace: str, generation: int, phase: s
 
 
 async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclusive_keeps_them_out(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+    kube: KubeClient, namespace: str, crd: None, fakes: FakeCluster, settings: OperatorSettings
 ) -> None:
-    settings = operator_settings(
-        kube_cluster, namespace, replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)}
-    )
     modes = {NEVER_LOADS: Mode.NEVER_LOADS}
     with run_operator(settings):
         async with FakeKubelet(kube, namespace, fakes=fakes, modes_by_image=modes, node=NODE) as kubelet:

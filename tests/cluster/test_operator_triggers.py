@@ -3,25 +3,27 @@ go back to False with no change to the resource); and the operator's metrics and
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import httpx
 from tests.cluster.operator_harness import (
     FakeKubelet,
+    RunningOperator,
     condition,
     eventually,
     get_serving,
-    operator_settings,
     replica_pods,
     run_operator,
     serving,
     wait_for_phase,
 )
-from tests.support.apiserver import ControlPlane, free_port
+from tests.support.apiserver import free_port
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.runtime.settings import OperatorSettings
 
 
 def runs(fakes: FakeCluster) -> float:
@@ -41,59 +43,51 @@ async def proven(kube: KubeClient, namespace: str, fakes: FakeCluster, count: in
 
 
 async def test_replaced_pods_a_restarted_master_and_the_interval_rerun_the_canary(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+    kube: KubeClient, namespace: str, fakes: FakeCluster, operator: RunningOperator
 ) -> None:
-    settings = operator_settings(
-        kube_cluster, namespace, replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)}
-    )
-    with run_operator(settings):
-        async with FakeKubelet(kube, namespace) as kubelet:
-            await kube.create(serving(namespace))
-            first = await proven(kube, namespace, fakes, 1)
+    async with FakeKubelet(kube, namespace) as kubelet:
+        await kube.create(serving(namespace))
+        first = await proven(kube, namespace, fakes, 1)
 
-            # A replica pod replaced (its StatefulSet recreates it under the same name, new UID).
-            old = (await replica_pods(kube, namespace))[0]
-            await kube.delete("v1", "Pod", old["metadata"]["name"], namespace)
-            second = await proven(kube, namespace, fakes, 2)
-            replaced = second["status"]["canary"]["target"]["replicaPods"][0]
-            assert replaced.startswith("demo-replica-0=") and old["metadata"]["uid"] not in replaced
-            assert first["status"]["canary"]["runId"] != second["status"]["canary"]["runId"]
+        # A replica pod replaced (its StatefulSet recreates it under the same name, new UID).
+        old = (await replica_pods(kube, namespace))[0]
+        await kube.delete("v1", "Pod", old["metadata"]["name"], namespace)
+        second = await proven(kube, namespace, fakes, 2)
+        replaced = second["status"]["canary"]["target"]["replicaPods"][0]
+        assert replaced.startswith("demo-replica-0=") and old["metadata"]["uid"] not in replaced
+        assert first["status"]["canary"]["runId"] != second["status"]["canary"]["runId"]
 
-            # The store master's container restarted (same pod, higher restart count).
-            master = (
-                await kube.list(
-                    "v1", "Pod", namespace, label_selector="app.kubernetes.io/component=store-master"
-                )
-            )[0]
-            await kubelet.restart_container(master["metadata"]["name"])
-            third = await proven(kube, namespace, fakes, 3)
-            assert third["status"]["canary"]["target"]["masterRestarts"] == 1
+        # The store master's container restarted (same pod, higher restart count).
+        master = (
+            await kube.list("v1", "Pod", namespace, label_selector="app.kubernetes.io/component=store-master")
+        )[0]
+        await kubelet.restart_container(master["metadata"]["name"])
+        third = await proven(kube, namespace, fakes, 3)
+        assert third["status"]["canary"]["target"]["masterRestarts"] == 1
 
-            # An interval: a new revision runs at once, then again every interval, level-based.
-            await kube.patch_merge(
-                api.API_VERSION, api.KIND, "demo", {"spec": {"canary": {"intervalSeconds": 2}}}, namespace
-            )
-            await proven(kube, namespace, fakes, 4)
-            await proven(kube, namespace, fakes, 5)
+        # An interval: a new revision runs at once, then again every interval, level-based.
+        await kube.patch_merge(
+            API_VERSION, KIND, "demo", {"spec": {"canary": {"intervalSeconds": 2}}}, namespace
+        )
+        await proven(kube, namespace, fakes, 4)
+        await proven(kube, namespace, fakes, 5)
 
-            # Replica 1 starts corrupting: the next interval's run takes Ready back to False,
-            # though nothing in the resource changed.
-            generation = third["metadata"]["generation"] + 1
-            fakes[1].mode = Mode.US_EAST
-            failed = await wait_for_phase(kube, namespace, "CanaryFailed")
-            assert failed["metadata"]["generation"] == generation
-            ready = condition(failed, "Ready")
-            assert (ready["status"], ready["reason"]) == ("False", "CanaryFailed")
-            assert failed["status"]["outOfTraffic"] == ["demo-replica-1"]
+        # Replica 1 starts corrupting: the next interval's run takes Ready back to False,
+        # though nothing in the resource changed.
+        generation = third["metadata"]["generation"] + 1
+        fakes[1].mode = Mode.US_EAST
+        failed = await wait_for_phase(kube, namespace, "CanaryFailed")
+        assert failed["metadata"]["generation"] == generation
+        ready = condition(failed, "Ready")
+        assert (ready["status"], ready["reason"]) == ("False", "CanaryFailed")
+        assert failed["status"]["outOfTraffic"] == ["demo-replica-1"]
 
 
 async def test_metrics_and_liveness_are_served(
-    kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd: None, fakes: FakeCluster
+    kube: KubeClient, namespace: str, crd: None, fakes: FakeCluster, settings: OperatorSettings
 ) -> None:
-    settings = operator_settings(
-        kube_cluster,
-        namespace,
-        replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)},
+    settings = dataclasses.replace(
+        settings,
         metrics_host="127.0.0.1",
         metrics_port=free_port(),
         liveness_host="127.0.0.1",

@@ -10,6 +10,7 @@ the fake replicas' /metrics with the labels the chart's engine PodMonitor adds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -19,17 +20,16 @@ from urllib.parse import urlsplit
 import httpx
 from tests.cluster.operator_harness import (
     FakeKubelet,
-    operator_settings,
     run_operator,
     serving,
     wait_for_phase,
 )
-from tests.support.apiserver import ControlPlane
 from tests.support.chart import SERVICE_MONITOR_API, only, render
 from tests.support.fake_vllm import FakeCluster, Mode
 from tests.support.prometheus import PrometheusServer, free_port, promtool, running_prometheus
 
-from mooncake_operator.kube import KubeClient
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.runtime.settings import OperatorSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RULES = REPO_ROOT / "charts" / "mooncake-operator" / "files" / "prometheus-rules.yaml"
@@ -131,23 +131,17 @@ def alert_states(prometheus: PrometheusServer, name: str) -> list[dict[str, Any]
 
 async def test_prometheus_scrapes_the_operator_loads_the_rules_and_sees_the_failed_canary(
     kube: KubeClient,
-    kube_cluster: ControlPlane,
     namespace: str,
     crd: None,
     fakes: FakeCluster,
+    settings: OperatorSettings,
     tmp_path: Path,
 ) -> None:
     honor_labels = chart_honor_labels(tmp_path)
     assert honor_labels
     fakes[1].mode = Mode.US_EAST  # replica 1 corrupts answers computed from a loaded prefix
     port = free_port()
-    settings = operator_settings(
-        kube_cluster,
-        namespace,
-        replica_endpoints={f"{namespace}/demo": tuple(fakes.urls)},
-        metrics_host="127.0.0.1",
-        metrics_port=port,
-    )
+    settings = dataclasses.replace(settings, metrics_host="127.0.0.1", metrics_port=port)
     configs = scrape_configs(port, namespace, list(fakes.urls), honor_labels)
     with run_operator(settings), running_prometheus(configs, rule_files=[RULES]) as prometheus:
         async with FakeKubelet(kube, namespace):

@@ -35,21 +35,19 @@ import pytest
 import pytest_asyncio
 from tests.support.cpu_stalls import stalled_during_test
 
-from mooncake_operator.canary import (
+from mooncake_operator.canary.client import chat, scrape_counters
+from mooncake_operator.canary.metrics import expected_external_hit_tokens
+from mooncake_operator.canary.models import (
     CanaryConfig,
     CanaryResult,
     ChatAnswer,
+    DivergenceKind,
     StoreCounters,
     Verdict,
-    chat,
-    customer_request,
-    expected_external_hit_tokens,
-    render_json,
-    render_table,
-    run_canary,
-    scrape_counters,
 )
-from mooncake_operator.canary.models import DivergenceKind
+from mooncake_operator.canary.report import render_json, render_table
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.runner import run_canary
 from mooncake_sandbox import (
     EngineMode,
     MasterDownError,

@@ -26,8 +26,8 @@ from tests.support.fault_load import component_pods, parse_time, port_address, w
 from tests.support.fault_scenarios import proven_again_after, report, run_scenario, status_of
 from tests.support.kube_node import kubectl
 
-from mooncake_operator import render
-from mooncake_operator.master_health import HEALTH_PATH, MasterView
+from mooncake_operator.build.names import COMPONENT_MASTER, METRICS_PORT_NAME
+from mooncake_operator.reconcile.decide.leadership import HEALTH_PATH, MasterView
 
 FIRST_VERDICT_TIMEOUT = 1200.0
 # etcd's volumes on tmpfs, as a local SSD would serve it: on the node's disk, shared with containerd and
@@ -45,14 +45,14 @@ FAILOVER_SLACK_S = 2.0
 
 
 def master_pods(name: str) -> list[dict[str, Any]]:
-    return component_pods(name, render.COMPONENT_MASTER)
+    return component_pods(name, COMPONENT_MASTER)
 
 
 def health_urls(pods: list[dict[str, Any]]) -> dict[str, str]:
     """pod IP -> the master's /health URL on its metrics port (pods without an IP yet left out)."""
     urls = {}
     for pod in pods:
-        address = port_address(pod, render.METRICS_PORT_NAME)
+        address = port_address(pod, METRICS_PORT_NAME)
         if address is not None:
             urls[pod["status"]["podIP"]] = f"http://{address}{HEALTH_PATH}"
     return urls

@@ -42,7 +42,7 @@ from tests.support.fault_scenarios import (
 )
 from tests.support.kube_node import kubectl
 
-from mooncake_operator.reconcile.worker import WORKERS_STOPPED
+from mooncake_operator.reconcile.act.worker import WORKERS_STOPPED
 
 # --- 1. a replica pod deleted ---------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ from tests.support.fault_scenarios import (
     status_of,
 )
 
-from mooncake_operator.reconcile.observe import in_set
+from mooncake_operator.reconcile.decide.observe import in_set
 from mooncake_sandbox.models import TARGET_REVISIONS
 
 # The old set's pods leave after the switch: the preStop drain (5 s, then until vLLM is idle) and the

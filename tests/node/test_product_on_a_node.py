@@ -19,8 +19,8 @@ from tests.support import cluster, kube_node
 from tests.support.fault_load import container_restarts, success_count
 from tests.support.kube_node import kubectl
 
-from mooncake_operator import render
-from mooncake_operator.canary import customer_request
+from mooncake_operator.build.names import TRAFFIC_LABEL
+from mooncake_operator.canary.request import customer_request
 
 NAME = "minimax-m25"
 OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
@@ -226,7 +226,7 @@ def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_n
     status = cluster.get_serving(NAME)["status"]
     assert status["canary"]["verdict"] == "Failed"
     replicas = pods("default", f"app.kubernetes.io/instance={NAME},app.kubernetes.io/name=vllm")
-    held = [p for p in replicas if p["metadata"]["labels"].get(render.TRAFFIC_LABEL) == "off"]
+    held = [p for p in replicas if p["metadata"]["labels"].get(TRAFFIC_LABEL) == "off"]
     assert held, "no replica was taken out of traffic"
     endpoints = get_json("get", "endpoints", NAME, "--namespace=default")
     serving_ips = {a["ip"] for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []}

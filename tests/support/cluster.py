@@ -31,8 +31,9 @@ import yaml
 from tests.support import kube_node
 from tests.support.kube_node import ROOT, ClusterError, kubectl
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing
+from mooncake_operator.api.group import GROUP, PLURAL
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.build.etcd import etcd_stateful_set
 from mooncake_sandbox.engine_env import cache_root
 from mooncake_sandbox.models import TARGET_REVISIONS, TinyModels, models_dir
 
@@ -81,7 +82,7 @@ def etcd_claims(resource: dict[str, Any]) -> tuple[list[str], str]:
     """The PersistentVolumeClaims the managed etcd's StatefulSet will ask for (CLAIM-STATEFULSET-ORDINAL,
     read from the operator's own rendering), and their requested size."""
     serving = MooncakeServing.model_validate(resource)
-    stateful_set = render.etcd_stateful_set(serving, owner_uid=None)
+    stateful_set = etcd_stateful_set(serving, owner_uid=None)
     spec = stateful_set["spec"]
     claims = [
         f"{template['metadata']['name']}-{stateful_set['metadata']['name']}-{ordinal}"
@@ -235,10 +236,10 @@ def install_operator(operator_image: str) -> None:
     )
     # `helm --wait` waits for the Deployment, not for the CRD it templates; and the API server's discovery
     # lists a CRD a moment after it is Established: until then `kubectl get mcs` finds no such type.
-    kubectl(["wait", "--for=condition=Established", "--timeout=60s", f"crd/{api.PLURAL}.{api.GROUP}"])
+    kubectl(["wait", "--for=condition=Established", "--timeout=60s", f"crd/{PLURAL}.{GROUP}"])
     kube_node.wait_for(
-        f"discovery to list {api.PLURAL}.{api.GROUP}",
-        lambda: "mcs" in kubectl(["api-resources", f"--api-group={api.GROUP}", "--no-headers"]).split(),
+        f"discovery to list {PLURAL}.{GROUP}",
+        lambda: "mcs" in kubectl(["api-resources", f"--api-group={GROUP}", "--no-headers"]).split(),
         60,
     )
 

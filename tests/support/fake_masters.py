@@ -1,6 +1,6 @@
 """Stand-ins for highly available mooncake_master admin endpoints: each answers GET /health with the JSON
-mooncake_master 0.3.13.post1 gives in HA mode (shape measured; see mooncake_operator.master_health).
-Tests decide who leads; a master can also stop answering (as a killed one)."""
+mooncake_master 0.3.13.post1 gives in HA mode (shape measured; see reconcile/decide/leadership.py). Tests
+decide who leads; a master can also stop answering (as a killed one)."""
 
 from __future__ import annotations
 

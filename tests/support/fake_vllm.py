@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 import prometheus_client
 
-from mooncake_operator.canary import customer_request
+from mooncake_operator.canary.request import customer_request
 
 DEFAULT_MODEL = "MiniMaxAI/MiniMax-M2.5"
 CORRECT_ANSWER = '{"region": "us-west", "replica_count": 4, "max_batch_size": 16}'

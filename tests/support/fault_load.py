@@ -29,7 +29,7 @@ import httpx
 from tests.support import cluster
 from tests.support.kube_node import kubectl
 
-from mooncake_operator.canary import customer_request
+from mooncake_operator.canary.request import customer_request
 
 MAX_TOKENS = 8
 REQUEST_TIMEOUT_S = 30.0

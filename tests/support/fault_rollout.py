@@ -18,8 +18,8 @@ from tests.support.fault_load import OVERLOADED, Response, replica_pods
 from tests.support.fault_scenarios import client_endpoints, proven_again_after, status_of
 from tests.support.kube_node import kubectl
 
-from mooncake_operator.reconcile.observe import in_set
-from mooncake_operator.render import COMPONENT_REPLICA, ENGINE_CONTAINER, LABEL_COMPONENT, LABEL_INSTANCE
+from mooncake_operator.build.names import COMPONENT_REPLICA, ENGINE_CONTAINER, LABEL_COMPONENT, LABEL_INSTANCE
+from mooncake_operator.reconcile.decide.observe import in_set
 
 
 @dataclass(frozen=True)

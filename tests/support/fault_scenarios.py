@@ -30,8 +30,8 @@ from tests.support.fault_load import (
 )
 from tests.support.kube_node import kubectl
 
-from mooncake_operator import api
-from mooncake_operator.render import TRAFFIC_LABEL
+from mooncake_operator.api.group import RERUN_CANARY_ANNOTATION
+from mooncake_operator.build.names import TRAFFIC_LABEL
 
 BASELINE_S = 12.0  # load before the fault: the reference answer, and a serving baseline
 TAIL_S = 8.0  # load after recovery: every request in it must succeed
@@ -239,7 +239,7 @@ def ask_for_a_canary(serving: str, rerun: str) -> None:
             "mcs",
             serving,
             "--namespace=default",
-            f"{api.RERUN_CANARY_ANNOTATION}={rerun}",
+            f"{RERUN_CANARY_ANNOTATION}={rerun}",
             "--overwrite",
         ]
     )

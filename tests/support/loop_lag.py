@@ -10,7 +10,8 @@ from typing import Any
 
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.canary import CanaryConfig, CanaryResult, run_canary
+from mooncake_operator.canary.models import CanaryConfig, CanaryResult
+from mooncake_operator.canary.runner import run_canary
 
 TICK_S = 0.01
 

@@ -11,16 +11,11 @@ import pytest
 import yaml
 from tests.support.manifests import with_change as with_field
 
-from mooncake_operator.api import (
-    InvalidResourceError,
-    MooncakeServing,
-    MooncakeServingStatus,
-    parse_quantity,
-    parse_resource,
-    parse_store_size,
-)
-from mooncake_operator.crd import openapi_schema
-from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.crd import openapi_schema
+from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.quantities import parse_quantity, parse_store_size
+from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
+from mooncake_operator.api.status import MooncakeServingStatus
 
 pytestmark = pytest.mark.unit
 

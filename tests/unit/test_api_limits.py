@@ -11,11 +11,12 @@ import yaml
 from pydantic import ValidationError
 from tests.support.manifests import with_change
 
-from mooncake_operator.api import MAX_REPLICAS, InvalidResourceError, parse_resource
-from mooncake_operator.canary import CanaryConfig
-from mooncake_operator.cli import main
-from mooncake_operator.crd import openapi_schema
-from mooncake_operator.examples import customer_deployment_yaml
+from mooncake_operator.api.crd import openapi_schema
+from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.resource import InvalidResourceError, parse_resource
+from mooncake_operator.api.spec import MAX_REPLICAS
+from mooncake_operator.canary.models import CanaryConfig
+from mooncake_operator.cli.main import main
 
 pytestmark = pytest.mark.unit
 

@@ -14,10 +14,10 @@ from typing import Any, get_args
 
 import pytest
 
-from mooncake_operator import conditions as cond
-from mooncake_operator.api import MooncakeServingStatus, Phase
-from mooncake_operator.conditions import ConditionState, Reason, merge_conditions
-from mooncake_operator.reconcile import status as status_module
+from mooncake_operator.api.status import MooncakeServingStatus, Phase
+from mooncake_operator.reconcile.decide import conditions as cond
+from mooncake_operator.reconcile.decide import status as status_module
+from mooncake_operator.reconcile.decide.conditions import ConditionState, Reason, merge_conditions
 
 pytestmark = pytest.mark.unit
 
@@ -91,7 +91,7 @@ def invalid_sample() -> dict[str, Any]:
     return obj
 
 
-# One status per phase the operator writes, with the Ready it writes in that phase (reconcile/status.py).
+# One status per phase the operator writes, with the Ready it writes in that phase (decide/status.py).
 SAMPLES: dict[str, tuple[Any, str]] = {
     "Pending": (lambda: resource("Pending", cond.false(Reason.PENDING, "waiting for pods")), "Progressing"),
     "Deploying": (lambda: resource("Deploying", cond.false(Reason.DEPLOYING, "rolling out")), "Progressing"),

@@ -9,14 +9,22 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, render
-from mooncake_operator.reconcile.cache import POD_LABELS_READ, Store
-from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.build.names import (
+    COMPONENT_REPLICA,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    TRAFFIC_LABEL,
+)
+from mooncake_operator.reconcile.act.cache import POD_LABELS_READ, Store
+from mooncake_operator.reconcile.decide.observe import TEMPLATE_HASH_LABEL
 
 pytestmark = pytest.mark.unit
 
 MIB = 1024 * 1024
-OWNER = {"apiVersion": api.API_VERSION, "kind": api.KIND, "name": "demo", "uid": "u", "controller": True}
+OWNER = {"apiVersion": API_VERSION, "kind": KIND, "name": "demo", "uid": "u", "controller": True}
 
 
 def config_map(
@@ -29,7 +37,7 @@ def config_map(
             "name": name,
             "namespace": "ns",
             "resourceVersion": version,
-            "labels": {render.LABEL_MANAGED_BY: render.MANAGED_BY, render.LABEL_INSTANCE: "demo"},
+            "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_INSTANCE: "demo"},
             "ownerReferences": references,
         },
         "data": {"blob": "x" * size},
@@ -71,10 +79,10 @@ def test_a_pod_keeps_only_the_labels_the_operator_reads() -> None:
     assert TEMPLATE_HASH_LABEL in POD_LABELS_READ
     store = Store(lambda namespace, owner: None)
     read = {
-        render.LABEL_INSTANCE: "demo",
-        render.LABEL_COMPONENT: render.COMPONENT_REPLICA,
+        LABEL_INSTANCE: "demo",
+        LABEL_COMPONENT: COMPONENT_REPLICA,
         TEMPLATE_HASH_LABEL: "abc",
-        render.TRAFFIC_LABEL: "on",
+        TRAFFIC_LABEL: "on",
     }
     noise = {f"example.com/label-{i}": "v" * 63 for i in range(2_000)}
     pod = {

@@ -29,9 +29,9 @@ from tests.support.adversarial_replicas import (
 )
 from tests.support.fake_vllm import FakeCluster, FakeReplica, Mode, OtherTraffic
 
-from mooncake_operator.canary import CanaryConfig, CanaryResult, PairResult, Verdict, run_canary
-from mooncake_operator.canary.models import PutWaitOutcome
-from mooncake_operator.cli import main
+from mooncake_operator.canary.models import CanaryConfig, CanaryResult, PairResult, PutWaitOutcome, Verdict
+from mooncake_operator.canary.runner import run_canary
+from mooncake_operator.cli.main import main
 
 pytestmark = pytest.mark.unit
 
@@ -325,7 +325,7 @@ async def test_a_reasoning_model_fails_buggy(reasoning: str) -> None:
 
 
 async def test_an_answer_cut_inside_the_reasoning_leaves_its_content_checks_unjudged() -> None:
-    from mooncake_operator.canary import customer_request
+    from mooncake_operator.canary.request import customer_request
 
     with FakeCluster.start(2, reasoning="parser") as cluster:
         result = await canary(cluster, pairs="first", request={**customer_request(), "max_tokens": 10})

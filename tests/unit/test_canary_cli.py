@@ -10,10 +10,10 @@ import pytest
 from tests.support.adversarial_replicas import BenignTie
 from tests.support.fake_vllm import FakeCluster, Mode
 
-from mooncake_operator.canary import customer_request
 from mooncake_operator.canary.models import Comparison, ComparisonMode
-from mooncake_operator.cli import build_parser, main
-from mooncake_operator.commands.canary import build_config
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.cli.canary import build_config
+from mooncake_operator.cli.main import build_parser, main
 
 pytestmark = pytest.mark.unit
 
@@ -300,7 +300,7 @@ def test_a_crash_is_an_internal_error_not_a_failed_verdict(
     async def broken(*_: object, **__: object) -> None:
         raise RuntimeError("a defect")
 
-    monkeypatch.setattr("mooncake_operator.canary.run_canary", broken)
+    monkeypatch.setattr("mooncake_operator.canary.runner.run_canary", broken)
     assert main(["canary", "--replica", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:10"]) == 70
     err = capsys.readouterr().err
     assert "internal error" in err
@@ -308,7 +308,7 @@ def test_a_crash_is_an_internal_error_not_a_failed_verdict(
 
 
 def test_exit_code_3_means_the_same_in_canary_and_sandbox(capsys: pytest.CaptureFixture[str]) -> None:
-    from mooncake_operator.canary import ExitCode
+    from mooncake_operator.canary.models import ExitCode
     from mooncake_sandbox import command as sandbox
 
     assert sandbox.ExitCode is ExitCode
@@ -323,8 +323,8 @@ def test_exit_code_3_means_the_same_in_canary_and_sandbox(capsys: pytest.Capture
 
 
 def test_cap_and_connect_options_reach_the_config() -> None:
-    from mooncake_operator.cli import build_parser
-    from mooncake_operator.commands.canary import build_config
+    from mooncake_operator.cli.canary import build_config
+    from mooncake_operator.cli.main import build_parser
 
     args = build_parser().parse_args(
         [

@@ -12,15 +12,6 @@ import httpx
 import pytest
 from tests.support.fake_vllm import VOCAB, FakeCluster, answer_logprobs
 
-from mooncake_operator.canary import (
-    CanaryConfig,
-    ChatAnswer,
-    ErrorKind,
-    Verdict,
-    render_json,
-    render_table,
-    run_canary,
-)
 from mooncake_operator.canary.client import parse_chat_response
 from mooncake_operator.canary.compare import shared_prefix
 from mooncake_operator.canary.divergence import (
@@ -32,15 +23,20 @@ from mooncake_operator.canary.divergence import (
 )
 from mooncake_operator.canary.metrics import ModelSeriesError, parse_samples, select_model, store_counters
 from mooncake_operator.canary.models import (
+    CanaryConfig,
+    ChatAnswer,
     Comparison,
     ComparisonMode,
     DivergenceKind,
+    ErrorKind,
     SharedText,
     SuiteEntry,
     TokenLogprob,
     TopLogprob,
+    Verdict,
 )
-from mooncake_operator.canary.runner import compare_answers
+from mooncake_operator.canary.report import render_json, render_table
+from mooncake_operator.canary.runner import compare_answers, run_canary
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,15 @@ from typing import Any
 import pytest
 from tests.support.canary_evidence import HIT, PROMPT_TOKENS, measurement, served
 
-from mooncake_operator.canary import CanaryConfig, Verdict, judge_pair
-from mooncake_operator.canary.models import PutWait, PutWaitOutcome, SpecDecoding, StoreCounters
-from mooncake_operator.canary.runner import PairMeasurement
+from mooncake_operator.canary.models import (
+    CanaryConfig,
+    PutWait,
+    PutWaitOutcome,
+    SpecDecoding,
+    StoreCounters,
+    Verdict,
+)
+from mooncake_operator.canary.runner import PairMeasurement, judge_pair
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from mooncake_operator.canary import (
+from mooncake_operator.canary.expectations import (
     Contains,
     Expectation,
     JsonFieldEquals,
@@ -16,11 +16,11 @@ from mooncake_operator.canary import (
     JsonValuesExclude,
     JsonValuesInclude,
     NotContains,
-    customer_expectations,
-    customer_request,
+    canonical,
+    find_json_object,
     violations,
 )
-from mooncake_operator.canary.expectations import canonical, find_json_object
+from mooncake_operator.canary.request import customer_expectations, customer_request
 
 pytestmark = pytest.mark.unit
 

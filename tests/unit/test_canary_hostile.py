@@ -16,19 +16,11 @@ import pytest
 from tests.support.fake_vllm import FakeCluster, FakeReplica
 from tests.support.hostile_http import blackhole, endless, gzip_bomb, raw_server, response_head
 
-from mooncake_operator.canary import (
-    CanaryConfig,
-    CanaryResult,
-    CounterScrapeError,
-    ErrorKind,
-    ExitCode,
-    Verdict,
-    chat,
-    customer_request,
-    run_canary,
-    scrape_counters,
-)
+from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
 from mooncake_operator.canary.metrics import EXTERNAL_HITS
+from mooncake_operator.canary.models import CanaryConfig, CanaryResult, ErrorKind, ExitCode, Verdict
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.runner import run_canary
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from tests.support.loop_lag import canary_with_loop_lag
 
-from mooncake_operator.canary import Verdict
 from mooncake_operator.canary.expectations import (
     JSON_OBJECT_MAX_CHARS,
     JSON_SEARCH_ATTEMPTS,
@@ -18,6 +17,7 @@ from mooncake_operator.canary.expectations import (
     leaf_values,
     search_json,
 )
+from mooncake_operator.canary.models import Verdict
 from mooncake_operator.canary.runner import first_difference
 
 pytestmark = pytest.mark.unit

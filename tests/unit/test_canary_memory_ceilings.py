@@ -12,12 +12,14 @@ import httpx
 import pytest
 from tests.support.hostile_http import raw_server, response_head
 
-from mooncake_operator import api, canary_policy
-from mooncake_operator.canary import chat, customer_request
-from mooncake_operator.cli import build_parser
-from mooncake_operator.commands.run import settings_from
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.operator_settings import OperatorSettings, SettingsError
+from mooncake_operator.api import spec as api
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.canary import policy as canary_policy
+from mooncake_operator.canary.client import chat
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.cli.main import build_parser
+from mooncake_operator.cli.run import settings_from
+from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
 
 pytestmark = pytest.mark.unit
 

@@ -6,15 +6,15 @@ import httpx
 import pytest
 from tests.support.fake_vllm import FakeReplica, FakeStore, block_hashes
 
-from mooncake_operator.canary import (
-    StoreCounters,
+from mooncake_operator.canary.client import CounterScrapeError, parse_metrics_response
+from mooncake_operator.canary.metrics import (
+    EXTERNAL_HITS,
+    MetricsFormatError,
     expected_external_hit_tokens,
     parse_samples,
     store_counters,
 )
-from mooncake_operator.canary.client import CounterScrapeError, parse_metrics_response
-from mooncake_operator.canary.metrics import EXTERNAL_HITS, MetricsFormatError
-from mooncake_operator.canary.models import ErrorKind
+from mooncake_operator.canary.models import ErrorKind, StoreCounters
 
 pytestmark = pytest.mark.unit
 

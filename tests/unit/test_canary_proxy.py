@@ -20,12 +20,11 @@ import httpx
 import pytest
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.canary import CanaryConfig, CanaryResult
-from mooncake_operator.canary.models import Verdict
-from mooncake_operator.cli import main
-from mooncake_operator.commands.canary_proxy import pod_proxy_url
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.kube import KubeConfig
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.canary.models import CanaryConfig, CanaryResult, Verdict
+from mooncake_operator.cli.canary_proxy import pod_proxy_url
+from mooncake_operator.cli.main import main
+from mooncake_operator.kube.config import KubeConfig
 
 pytestmark = pytest.mark.unit
 
@@ -258,7 +257,7 @@ def test_inside_the_cluster_the_canary_dials_the_proven_pods_ips(
         )
 
     monkeypatch.setattr(KubeConfig, "in_cluster_config", property(lambda self: True))
-    monkeypatch.setattr("mooncake_operator.canary.run_canary", recorded)
+    monkeypatch.setattr("mooncake_operator.canary.runner.run_canary", recorded)
     config = str(kubeconfig(tmp_path, state.url))
     assert main(["canary", "--resource", "serving-a/chat", "--kubeconfig", config]) == 0, capsys.readouterr()
     assert runs == [["http://10.1.0.1:8080", "http://10.1.0.2:8080"]]

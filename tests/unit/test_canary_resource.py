@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, canary_policy, render
-from mooncake_operator.canary import CanaryResult, PairResult
-from mooncake_operator.canary.models import ExitCode, Verdict
-from mooncake_operator.cli import build_parser, main
-from mooncake_operator.commands.canary import with_how_flags
-from mooncake_operator.commands.canary_resource import (
+from mooncake_operator.api import resource as api
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.build import names as render
+from mooncake_operator.canary import policy as canary_policy
+from mooncake_operator.canary.models import CanaryResult, ExitCode, PairResult, Verdict
+from mooncake_operator.cli.canary import with_how_flags
+from mooncake_operator.cli.canary_resource import (
     ResourceError,
     ResourceRef,
     effective_result,
@@ -33,7 +34,7 @@ from mooncake_operator.commands.canary_resource import (
     resource_canary,
     serving_set,
 )
-from mooncake_operator.examples import customer_deployment
+from mooncake_operator.cli.main import build_parser, main
 
 pytestmark = pytest.mark.unit
 
@@ -142,9 +143,9 @@ def test_proving_a_resource_needs_neither_the_reconcile_package_nor_kopf() -> No
     no reconciler and no kopf to build the operator's config and read its verdict."""
     code = (
         "import sys\n"
-        "from mooncake_operator import api\n"
-        "from mooncake_operator.commands.canary_resource import effective_result, resource_canary\n"
-        "from mooncake_operator.examples import customer_deployment\n"
+        "from mooncake_operator.api import resource as api\n"
+        "from mooncake_operator.cli.canary_resource import effective_result, resource_canary\n"
+        "from mooncake_operator.api.examples import customer_deployment\n"
         "obj = customer_deployment().to_wire()\n"
         "obj['metadata'] = {'name': 'chat', 'namespace': 'ns'}\n"
         "resource_canary(api.parse_resource(obj))\n"

@@ -15,7 +15,8 @@ from pydantic import ValidationError
 from tests.support.canary_evidence import measurement as _evidence
 from tests.support.fake_vllm import CORRECT_ANSWER, PARAPHRASE, FakeCluster, Mode, answer_logprobs
 
-from mooncake_operator.canary import (
+from mooncake_operator.canary.client import RetryPolicy
+from mooncake_operator.canary.models import (
     CanaryConfig,
     CanaryResult,
     ChatAnswer,
@@ -23,13 +24,9 @@ from mooncake_operator.canary import (
     ExitCode,
     StoreCounters,
     Verdict,
-    customer_request,
-    judge_pair,
-    plan_pairs,
-    run_canary,
 )
-from mooncake_operator.canary.client import RetryPolicy
-from mooncake_operator.canary.runner import PairMeasurement
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.runner import PairMeasurement, judge_pair, plan_pairs, run_canary
 
 pytestmark = pytest.mark.unit
 
@@ -496,7 +493,7 @@ def test_the_canary_imports_nothing_of_kubernetes() -> None:
     code = (
         "import sys, mooncake_operator.canary; "
         "roots = {m.split('.')[0] for m in sys.modules}; "
-        "ours = {'mooncake_operator.metrics'} & set(sys.modules); "
+        "ours = {'mooncake_operator.runtime.metrics'} & set(sys.modules); "
         "print(sorted(roots & {'kopf', 'kubernetes', 'yaml'} | ours))"
     )
     loaded = subprocess.run(

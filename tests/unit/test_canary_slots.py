@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from mooncake_operator import canary_policy
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.operator_settings import OperatorSettings, SettingsError
-from mooncake_operator.reconcile.slots import CanarySlots
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.canary import policy as canary_policy
+from mooncake_operator.reconcile.act.slots import CanarySlots
+from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from mooncake_operator.canary import customer_expectations, customer_request, expected_external_hit_tokens
+from mooncake_operator.canary.metrics import expected_external_hit_tokens
 from mooncake_operator.canary.request import (
     MANY_BLOCKS,
     MIN_BOUNDARY_BLOCKS,
@@ -18,6 +18,8 @@ from mooncake_operator.canary.request import (
     TokenCount,
     boundary_targets,
     build_suite,
+    customer_expectations,
+    customer_request,
     default_suite,
     pad_to_length,
     padded_request,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.canary import expected_external_hit_tokens
 from mooncake_operator.canary import metrics as canary_metrics
+from mooncake_operator.canary.metrics import expected_external_hit_tokens
 
 pytestmark = pytest.mark.engine
 

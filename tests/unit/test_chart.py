@@ -32,11 +32,11 @@ from tests.support.chart import (
     values_file,
 )
 
-from mooncake_operator.cli import build_parser
-from mooncake_operator.commands.canary import UsageError, refuse_what_flags, with_how_flags
-from mooncake_operator.commands.canary_resource import resource_canary
-from mooncake_operator.crd import CRD_FILENAME, chart_template
-from mooncake_operator.examples import customer_deployment
+from mooncake_operator.api.crd import CRD_FILENAME, chart_template
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.cli.canary import UsageError, refuse_what_flags, with_how_flags
+from mooncake_operator.cli.canary_resource import resource_canary
+from mooncake_operator.cli.main import build_parser
 
 pytestmark = pytest.mark.unit
 

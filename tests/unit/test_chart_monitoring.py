@@ -19,7 +19,16 @@ from tests.support.chart import (
     render_failure,
 )
 
-from mooncake_operator import render as operator_render
+from mooncake_operator.build.names import (
+    COMPONENT_MASTER,
+    COMPONENT_REPLICA,
+    HTTP_PORT_NAME,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    TRAFFIC_LABEL,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -83,14 +92,14 @@ def test_the_prometheus_rule_is_the_plain_rules_file_with_the_runbook_base(tmp_p
 def test_the_engine_pod_monitor_selects_the_operators_replica_pods(tmp_path: Path) -> None:
     monitor = only(render(ALL_ON, tmp_path, api_versions=EVERY_API), "PodMonitor")
     pod_labels = {
-        operator_render.LABEL_COMPONENT: operator_render.COMPONENT_REPLICA,
-        operator_render.LABEL_MANAGED_BY: operator_render.MANAGED_BY,
+        LABEL_COMPONENT: COMPONENT_REPLICA,
+        LABEL_MANAGED_BY: MANAGED_BY,
     }
     assert monitor["spec"]["selector"] == {"matchLabels": pod_labels}
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == (
-        operator_render.HTTP_PORT_NAME,
+        HTTP_PORT_NAME,
         "/metrics",
         "15s",
     )
@@ -100,8 +109,8 @@ def test_the_engine_pod_monitor_selects_the_operators_replica_pods(tmp_path: Pat
 
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
     assert relabel == {
-        "mooncake_serving": [meta(operator_render.LABEL_INSTANCE)],
-        "traffic": [meta(operator_render.TRAFFIC_LABEL)],
+        "mooncake_serving": [meta(LABEL_INSTANCE)],
+        "traffic": [meta(TRAFFIC_LABEL)],
     }
 
 
@@ -115,7 +124,7 @@ def test_no_pod_monitor_scrapes_the_master(tmp_path: Path) -> None:
     """Its metrics port also serves the store's admin endpoints (docs/monitoring.md)."""
     for monitor in by_kind(render(ALL_ON, tmp_path, api_versions=EVERY_API), "PodMonitor"):
         labels = monitor["spec"]["selector"]["matchLabels"]
-        assert labels.get(operator_render.LABEL_COMPONENT) != operator_render.COMPONENT_MASTER
+        assert labels.get(LABEL_COMPONENT) != COMPONENT_MASTER
 
 
 def test_the_dashboard_config_map_carries_the_sidecar_label_and_the_json(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import yaml
 from tests.support import cluster, kube_node
 from tests.support.cluster_dns import hosts_entries, render_hosts
 
-from mooncake_operator.api import MANAGED_ENGINE_FLAGS, MooncakeServing
+from mooncake_operator.api.engine_flags import MANAGED_ENGINE_FLAGS
+from mooncake_operator.api.resource import MooncakeServing
 from mooncake_sandbox.models import TinyModels
 
 pytestmark = pytest.mark.unit
@@ -196,24 +197,26 @@ def test_dns_resolves_the_names_highly_available_masters_use() -> None:
     """The masters' and etcd members' names (what the operator, the masters and the store clients dial)
     from the rendered headless Services and Endpoints as the endpoints controller writes them for
     StatefulSet pods (hostname = pod name); every pod listed, ready or not (publishNotReadyAddresses)."""
-    from mooncake_operator import render
+    from mooncake_operator.build.etcd import etcd_service, etcd_stateful_set, managed_etcd_endpoints
+    from mooncake_operator.build.master import master_stateful_set, masters_headless_service
+    from mooncake_operator.build.names import master_pod_urls
 
     serving = MooncakeServing.model_validate(cluster.ha_example_resource("img:1", "etcd:2"))
     headless = [
-        render.masters_headless_service(serving, owner_uid=None),
-        render.etcd_service(serving, owner_uid=None),
+        masters_headless_service(serving, owner_uid=None),
+        etcd_service(serving, owner_uid=None),
     ]
     assert all(s["spec"]["publishNotReadyAddresses"] for s in headless)
     sets = {
-        render.master_stateful_set(serving, owner_uid=None)["spec"]["serviceName"]: "minimax-m25-ha-master",
-        render.etcd_stateful_set(serving, owner_uid=None)["spec"]["serviceName"]: "minimax-m25-ha-etcd",
+        master_stateful_set(serving, owner_uid=None)["spec"]["serviceName"]: "minimax-m25-ha-master",
+        etcd_stateful_set(serving, owner_uid=None)["spec"]["serviceName"]: "minimax-m25-ha-etcd",
     }
     eps = [
         endpoints(service, [{"ip": f"10.244.0.{10 * n + i}", "hostname": f"{pods}-{i}"} for i in range(3)])
         for n, (service, pods) in enumerate(sets.items())
     ]
     names = {name for _, name in hosts_entries(headless, eps)}
-    dialled = [url.split("//", 1)[1].rsplit(":", 1)[0] for url in render.master_pod_urls(serving)]
-    dialled += [endpoint.rsplit(":", 1)[0] for endpoint in render.managed_etcd_endpoints(serving)]
+    dialled = [url.split("//", 1)[1].rsplit(":", 1)[0] for url in master_pod_urls(serving)]
+    dialled += [endpoint.rsplit(":", 1)[0] for endpoint in managed_etcd_endpoints(serving)]
     assert len(dialled) == 4
     assert {f"{host}.cluster.local" for host in dialled} <= names

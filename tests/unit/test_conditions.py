@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_operator import conditions as cond
-from mooncake_operator.api import CONDITION_TYPES, KSTATUS_CONDITION_TYPES
-from mooncake_operator.conditions import Reason, merge_conditions
+from mooncake_operator.api.status import CONDITION_TYPES, KSTATUS_CONDITION_TYPES
+from mooncake_operator.reconcile.decide import conditions as cond
+from mooncake_operator.reconcile.decide.conditions import Reason, merge_conditions
 
 pytestmark = pytest.mark.unit
 

@@ -13,10 +13,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mooncake_operator import api
-from mooncake_operator.cli import main
-from mooncake_operator.crd import CRD_FILENAME, crd_yaml, custom_resource_definition, openapi_schema
-from mooncake_operator.examples import customer_deployment_yaml
+from mooncake_operator.api.crd import CRD_FILENAME, crd_yaml, custom_resource_definition, openapi_schema
+from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.quantities import STORE_SIZE_PATTERN, parse_store_size
+from mooncake_operator.api.resource import InvalidResourceError, parse_resource
+from mooncake_operator.api.status import (
+    CanaryStatus,
+    Condition,
+    MooncakeServingStatus,
+    PairEvidence,
+    ReplicaCounts,
+)
+from mooncake_operator.cli.main import main
 
 pytestmark = pytest.mark.unit
 
@@ -145,11 +153,11 @@ def test_free_form_fields_preserve_unknown_fields_and_quantities_are_int_or_stri
 )
 def test_store_size_pattern_agrees_with_the_parser(text: str) -> None:
     try:
-        api.parse_store_size(text)
+        parse_store_size(text)
         parses = True
     except ValueError:
         parses = False
-    assert bool(re.search(api.STORE_SIZE_PATTERN, text)) == parses
+    assert bool(re.search(STORE_SIZE_PATTERN, text)) == parses
 
 
 def as_json_schema(node: dict[str, Any]) -> dict[str, Any]:
@@ -183,7 +191,7 @@ def validator() -> jsonschema.Draft4Validator:
 def test_the_example_and_its_wire_form_validate_against_the_schema() -> None:
     example = yaml.safe_load(customer_deployment_yaml())
     validator().validate(example)
-    validator().validate(api.parse_resource(example).to_wire())
+    validator().validate(parse_resource(example).to_wire())
 
 
 @pytest.mark.parametrize(
@@ -206,28 +214,28 @@ def test_the_schema_rejects_what_the_models_reject_field_by_field(path: str, val
         node = node[part]
     node[leaf] = value
     assert list(validator().iter_errors(obj)), f"schema accepted spec.{path}={value!r}"
-    with pytest.raises(api.InvalidResourceError):
-        api.parse_resource(obj)
+    with pytest.raises(InvalidResourceError):
+        parse_resource(obj)
 
 
 def test_status_written_by_the_operator_validates() -> None:
-    status = api.MooncakeServingStatus(
+    status = MooncakeServingStatus(
         phase="Ready",
         observed_generation=2,
         conditions=[
-            api.Condition(
+            Condition(
                 type="Ready",
                 status="True",
                 reason="CanaryPassed",
                 last_transition_time="2026-01-01T00:00:00Z",
             )
         ],
-        replicas=api.ReplicaCounts(desired=2, ready=2),
-        canary=api.CanaryStatus(
+        replicas=ReplicaCounts(desired=2, ready=2),
+        canary=CanaryStatus(
             run_id="r1",
             verdict="Passed",
             external_hit_tokens=128,
-            pairs=[api.PairEvidence(writer="a", reader="b", verdict="Passed", external_hit_tokens=128)],
+            pairs=[PairEvidence(writer="a", reader="b", verdict="Passed", external_hit_tokens=128)],
         ),
     )
     obj = yaml.safe_load(customer_deployment_yaml())

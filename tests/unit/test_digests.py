@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from mooncake_operator.digests import canonical_json, json_digest, short_digest
+from mooncake_operator.build.digests import canonical_json, json_digest, short_digest
 
 pytestmark = pytest.mark.unit
 

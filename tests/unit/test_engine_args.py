@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from tests.unit.customer_seed import CUSTOMER_ARGV, CUSTOMER_ENV, CUSTOMER_STORE_JSON
 
-from mooncake_operator.api import MooncakeServingSpec
-from mooncake_operator.engine_args import (
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.spec import MooncakeServingSpec
+from mooncake_operator.build.engine_args import (
     SandboxSubstitutions,
     describe_substitutions,
     kv_fingerprint,
@@ -18,7 +19,6 @@ from mooncake_operator.engine_args import (
     master_argv,
     replica_launch,
 )
-from mooncake_operator.examples import customer_deployment
 
 pytestmark = pytest.mark.unit
 

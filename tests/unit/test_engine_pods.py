@@ -15,10 +15,21 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mooncake_operator import api, render
-from mooncake_operator.api import InvalidResourceError, MooncakeServing, parse_resource
-from mooncake_operator.engine_args import replica_launch
-from mooncake_operator.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.kube_types import GPU_RESOURCE
+from mooncake_operator.api.replica_pod import HF_HOME_PATH, RESERVED_MOUNT_PATHS, RESERVED_VOLUMES
+from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
+from mooncake_operator.build.engine_args import replica_launch
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import ENGINE_CONTAINER
+from mooncake_operator.build.replicas import (
+    DRAIN_SCRIPT,
+    DRAIN_SETTLE_SECONDS,
+    ENGINE_SHUTDOWN_SECONDS,
+    EPHEMERAL_STORAGE,
+    replica_stateful_set,
+    store_memory_bytes,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -37,7 +48,7 @@ def example(**spec_changes: Any) -> dict[str, Any]:
 
 
 def stateful_set(resource: MooncakeServing) -> dict[str, Any]:
-    return render.replica_stateful_set(resource, owner_uid=OWNER_UID)
+    return replica_stateful_set(resource, owner_uid=OWNER_UID)
 
 
 def pod_spec(resource: MooncakeServing) -> dict[str, Any]:
@@ -47,7 +58,7 @@ def pod_spec(resource: MooncakeServing) -> dict[str, Any]:
 
 def engine(resource: MooncakeServing) -> dict[str, Any]:
     container: dict[str, Any] = pod_spec(resource)["containers"][0]
-    assert container["name"] == render.ENGINE_CONTAINER
+    assert container["name"] == ENGINE_CONTAINER
     return container
 
 
@@ -83,7 +94,7 @@ def test_hf_home_and_caches_are_off_root_on_writable_volumes() -> None:
     container = engine(parse_resource(example()))
     env = {item["name"]: item.get("value") for item in container["env"]}
     mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
-    assert env["HF_HOME"] == "/var/cache/huggingface" == api.HF_HOME_PATH
+    assert env["HF_HOME"] == "/var/cache/huggingface" == HF_HOME_PATH
     assert mounts[env["HF_HOME"]] == "hf-cache"
     assert mounts["/tmp"] == "tmp"
     for key in ("XDG_CACHE_HOME", "TRITON_CACHE_DIR"):
@@ -167,11 +178,11 @@ def test_token_mount_needs_a_named_service_account() -> None:
 def test_pre_stop_drains_within_the_budget_and_grace_matches() -> None:
     resource = parse_resource(example(pod={"drainSeconds": 900}))
     command = engine(resource)["lifecycle"]["preStop"]["exec"]["command"]
-    assert command[:3] == ["python3", "-c", render.DRAIN_SCRIPT]
-    assert command[3:] == [str(resource.spec.engine.port), "900", str(render.DRAIN_SETTLE_SECONDS)]
-    assert pod_spec(resource)["terminationGracePeriodSeconds"] == 900 + render.ENGINE_SHUTDOWN_SECONDS
+    assert command[:3] == ["python3", "-c", DRAIN_SCRIPT]
+    assert command[3:] == [str(resource.spec.engine.port), "900", str(DRAIN_SETTLE_SECONDS)]
+    assert pod_spec(resource)["terminationGracePeriodSeconds"] == 900 + ENGINE_SHUTDOWN_SECONDS
     default = parse_resource(example())
-    assert pod_spec(default)["terminationGracePeriodSeconds"] == 300 + render.ENGINE_SHUTDOWN_SECONDS
+    assert pod_spec(default)["terminationGracePeriodSeconds"] == 300 + ENGINE_SHUTDOWN_SECONDS
 
 
 class _Metrics(BaseHTTPRequestHandler):
@@ -209,7 +220,7 @@ def metrics_server() -> Iterator[tuple[int, type[_Metrics]]]:
 def run_drain(port: int, budget: float, settle: float = 0) -> float:
     started = time.monotonic()
     subprocess.run(
-        [sys.executable, "-c", render.DRAIN_SCRIPT, str(port), str(budget), str(settle)],
+        [sys.executable, "-c", DRAIN_SCRIPT, str(port), str(budget), str(settle)],
         check=True,
         timeout=30,
     )
@@ -272,7 +283,7 @@ def test_the_production_pod_validates_against_kubernetes_schemas() -> None:
         },
         engine__securityContext={"readOnlyRootFilesystem": True, "runAsNonRoot": True, "runAsUser": 1000},
     )
-    manifests = render.render_all(parse_resource(obj), owner_uid=OWNER_UID)
+    manifests = render_all(parse_resource(obj), owner_uid=OWNER_UID)
     for version in ("1.25.0", "1.37.0"):
         for manifest in manifests:
             kubernetes_validate.validate(manifest, version, strict=True)
@@ -347,8 +358,8 @@ def test_reserved_names_and_paths_are_what_the_renderer_mounts() -> None:
     container = engine(parse_resource(obj))
     names = {volume["name"] for volume in pod_spec(parse_resource(obj))["volumes"]} | {"hf-cache"}
     paths = {mount["mountPath"] for mount in container["volumeMounts"]}
-    assert names == api.RESERVED_VOLUMES
-    assert paths == api.RESERVED_MOUNT_PATHS
+    assert names == RESERVED_VOLUMES
+    assert paths == RESERVED_MOUNT_PATHS
 
 
 # --- served model names -----------------------------------------------------------------------------------
@@ -378,7 +389,7 @@ def test_served_model_name_stays_managed_in_extra_args() -> None:
 
 
 def gpus(resource: MooncakeServing) -> str:
-    value: str = engine(resource)["resources"]["limits"][api.GPU_RESOURCE]
+    value: str = engine(resource)["resources"]["limits"][GPU_RESOURCE]
     return value
 
 
@@ -391,7 +402,7 @@ def test_pipeline_parallel_is_counted_into_gpus_and_store_memory(args: list[str]
     piped = parse_resource(example(engine__extraArgs=args))
     assert gpus(plain) == "4"
     assert gpus(piped) == "8"
-    assert render.store_memory_bytes(piped.spec) == 2 * render.store_memory_bytes(plain.spec)
+    assert store_memory_bytes(piped.spec) == 2 * store_memory_bytes(plain.spec)
 
 
 @pytest.mark.parametrize("args", [["-pp", "two"], ["-pp"], ["--pipeline-parallel-size=0"], ["-pp", "²"]])
@@ -424,7 +435,7 @@ def test_production_example_keeps_weights_on_a_claim_per_replica() -> None:
     resource = parse_resource(example())
     assert resource.spec.model.cache.volume_claim_template is not None
     requests = engine(resource)["resources"]["requests"]
-    assert render.EPHEMERAL_STORAGE not in requests
+    assert EPHEMERAL_STORAGE not in requests
     claims = stateful_set(resource)["spec"]["volumeClaimTemplates"]
     assert claims[0]["spec"]["resources"]["requests"]["storage"] == "600Gi"
 

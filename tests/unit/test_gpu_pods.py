@@ -13,18 +13,28 @@ import pytest
 import yaml
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator import api, render
-from mooncake_operator.api import InvalidResourceError, MooncakeServing, managed_flag_of, parse_resource
-from mooncake_operator.examples import customer_deployment_yaml
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.reconcile.cache import WatchCache, WatchedKind
-from mooncake_operator.reconcile.children import (
+from mooncake_operator.api.engine_flags import managed_flag_of
+from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.group import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, replica_pod_labels
+from mooncake_operator.api.kube_types import LabelSelector
+from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
+from mooncake_operator.build.disruption import POLICY_V1BETA1, pod_disruption_budget
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.master import master_deployment
+from mooncake_operator.build.names import CONFIG_HASH_ANNOTATION, TRAFFIC_LABEL
+from mooncake_operator.build.network_policy import network_policies
+from mooncake_operator.build.replicas import HF_HOME, replica_stateful_set
+from mooncake_operator.build.store_config import store_config_json, store_config_map
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.reconcile.act.cache import WatchCache, WatchedKind
+from mooncake_operator.reconcile.act.children import (
     ImmutableChangeError,
     ensure_children,
     immutable_changes,
     with_applied_hash,
 )
-from mooncake_operator.reconcile.revisions import last_good_manifest
+from mooncake_operator.reconcile.decide.revisions import last_good_manifest
 
 pytestmark = pytest.mark.unit
 
@@ -65,7 +75,7 @@ def with_rdma(obj: dict[str, Any], rdma: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod_spec(resource: MooncakeServing) -> dict[str, Any]:
-    spec: dict[str, Any] = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["spec"]
+    spec: dict[str, Any] = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["spec"]
     return spec
 
 
@@ -246,18 +256,18 @@ def test_host_network_refuses_two_replicas_per_node() -> None:
     ],
 )
 def test_label_selectors_select_as_kubernetes_does(selector: dict[str, Any], selected: bool) -> None:
-    parsed = api.LabelSelector.model_validate(selector)
-    assert parsed.matches(api.replica_pod_labels("n")) is selected
+    parsed = LabelSelector.model_validate(selector)
+    assert parsed.matches(replica_pod_labels("n")) is selected
 
 
 def test_the_models_know_the_replica_pods_labels_and_the_operators_keys() -> None:
     resource = parse_resource(example())
-    template = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"]
-    operator_labels = {k: v for k, v in template["labels"].items() if k != render.TRAFFIC_LABEL}
-    assert operator_labels == api.replica_pod_labels(resource.metadata.name)
-    assert set(operator_labels) == api.OPERATOR_LABEL_KEYS
-    assert render.TRAFFIC_LABEL.startswith(api.OPERATOR_KEY_PREFIX)
-    assert render.CONFIG_HASH_ANNOTATION.startswith(api.OPERATOR_KEY_PREFIX)
+    template = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"]
+    operator_labels = {k: v for k, v in template["labels"].items() if k != TRAFFIC_LABEL}
+    assert operator_labels == replica_pod_labels(resource.metadata.name)
+    assert set(operator_labels) == OPERATOR_LABEL_KEYS
+    assert TRAFFIC_LABEL.startswith(OPERATOR_KEY_PREFIX)
+    assert CONFIG_HASH_ANNOTATION.startswith(OPERATOR_KEY_PREFIX)
 
 
 # --------------------------------------------------------------------------- scheduling and metadata
@@ -321,10 +331,10 @@ def test_master_scheduling_pull_secrets_and_pod_metadata() -> None:
     obj = changed(obj, "spec.imagePullSecrets", [{"name": "regcred"}])
     obj = changed(obj, "spec.podMetadata", {"labels": {"team": "a"}, "annotations": {"example.com/x": "y"}})
     resource = parse_resource(obj)
-    master = render.master_deployment(resource, owner_uid=None)["spec"]["template"]
+    master = master_deployment(resource, owner_uid=None)["spec"]["template"]
     assert master["spec"]["nodeSelector"] == {"pool": "cpu"} and master["spec"]["priorityClassName"] == "p"
     assert "affinity" not in master["spec"]  # the replicas' spread is not the master's
-    replica = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]
+    replica = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]
     for template in (master, replica):
         assert template["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
         assert template["spec"]["automountServiceAccountToken"] is False
@@ -332,7 +342,7 @@ def test_master_scheduling_pull_secrets_and_pod_metadata() -> None:
         assert template["metadata"]["annotations"]["example.com/x"] == "y"
     assert "nodeSelector" not in replica["spec"]
     # Selectors never carry user labels (they are immutable).
-    stateful_set = render.replica_stateful_set(resource, owner_uid=None)
+    stateful_set = replica_stateful_set(resource, owner_uid=None)
     assert "team" not in stateful_set["spec"]["selector"]["matchLabels"]
 
 
@@ -357,7 +367,7 @@ def test_a_claim_per_replica_replaces_the_cache_volume() -> None:
         example(), "spec.model.cache", {"volumeClaimTemplate": {"size": "600Gi", "storageClassName": "nvme"}}
     )
     resource = parse_resource(obj)
-    stateful_set = render.replica_stateful_set(resource, owner_uid=None)
+    stateful_set = replica_stateful_set(resource, owner_uid=None)
     assert stateful_set["spec"]["volumeClaimTemplates"] == [
         {
             "metadata": {
@@ -376,7 +386,7 @@ def test_a_claim_per_replica_replaces_the_cache_volume() -> None:
     ]
     volumes = [v["name"] for v in stateful_set["spec"]["template"]["spec"]["volumes"]]
     assert "hf-cache" not in volumes
-    assert {"name": "hf-cache", "mountPath": render.HF_HOME} in engine(resource)["volumeMounts"]
+    assert {"name": "hf-cache", "mountPath": HF_HOME} in engine(resource)["volumeMounts"]
     assert "ephemeral-storage" not in engine(resource)["resources"]["requests"]
 
 
@@ -387,7 +397,7 @@ def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
 def test_changed_claims_of_an_existing_stateful_set_are_refused() -> None:
     def stateful_set(cache: dict[str, Any]) -> dict[str, Any]:
         resource = parse_resource(changed(example(), "spec.model.cache", cache))
-        return with_hash(render.replica_stateful_set(resource, owner_uid="u"))
+        return with_hash(replica_stateful_set(resource, owner_uid="u"))
 
     claim = {"volumeClaimTemplate": {"size": "600Gi"}}
     live = copy.deepcopy(stateful_set(claim))
@@ -401,7 +411,7 @@ def test_changed_claims_of_an_existing_stateful_set_are_refused() -> None:
     assert immutable_changes(stateful_set({"ephemeralSize": "1Ti"}), live), "removing the claims is a change"
     ephemeral_live = stateful_set({"ephemeralSize": "1Ti"})
     assert immutable_changes(stateful_set(claim), ephemeral_live), "adding claims is a change"
-    config_map = with_hash(render.store_config_map(parse_resource(example()), owner_uid="u"))
+    config_map = with_hash(store_config_map(parse_resource(example()), owner_uid="u"))
     assert immutable_changes(config_map, {"data": {}}) == []
 
 
@@ -415,9 +425,7 @@ async def test_nothing_is_applied_when_one_child_cannot_change() -> None:
             "engine:2",
         )
     )
-    live = {
-        m["metadata"]["name"] + "/" + m["kind"]: with_hash(m) for m in render.render_all(old, owner_uid="u")
-    }
+    live = {m["metadata"]["name"] + "/" + m["kind"]: with_hash(m) for m in render_all(old, owner_uid="u")}
     requests: list[tuple[str, str]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -438,7 +446,7 @@ async def test_nothing_is_applied_when_one_child_cannot_change() -> None:
         cache.remember({**manifest, "metadata": {**manifest["metadata"], "resourceVersion": "1"}})
     try:
         with pytest.raises(ImmutableChangeError) as caught:
-            await ensure_children(kube, cache, render.render_all(new, owner_uid="u"))
+            await ensure_children(kube, cache, render_all(new, owner_uid="u"))
     finally:
         await kube.aclose()
     assert "model.cache.volumeClaimTemplate" in caught.value.problems[0]
@@ -463,7 +471,7 @@ def render_plural(kind: str) -> str:
 def test_the_rdma_example_renders_pods_that_can_use_rdma() -> None:
     resource = parse_resource(rdma_example())
     container = engine(resource)
-    template = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]
+    template = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]
     assert container["command"][:3] == ["/bin/sh", "-c", 'ulimit -l unlimited && exec "$0" "$@"']
     assert container["command"][3:5] == ["vllm", "serve"]
     assert container["securityContext"] == {
@@ -478,7 +486,7 @@ def test_the_rdma_example_renders_pods_that_can_use_rdma() -> None:
         "name": "MOONCAKE_REQUESTER_LOCAL_HOSTNAME",
         "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}},
     }
-    config = json.loads(render.store_config_json(resource))
+    config = json.loads(store_config_json(resource))
     assert (config["protocol"], config["device_name"]) == ("rdma", "mlx5_0")
     assert "hostNetwork" not in template["spec"]
 
@@ -510,9 +518,9 @@ def test_tcp_pods_carry_nothing_rdma() -> None:
 
 
 def test_the_master_runs_unprivileged_without_gpus() -> None:
-    container = render.master_deployment(parse_resource(example()), owner_uid=None)["spec"]["template"][
-        "spec"
-    ]["containers"][0]
+    container = master_deployment(parse_resource(example()), owner_uid=None)["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     assert container["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
     context = container["securityContext"]
     assert context["runAsNonRoot"] is True and context["runAsUser"] != 0
@@ -521,9 +529,7 @@ def test_the_master_runs_unprivileged_without_gpus() -> None:
 
 
 def policies(obj: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {
-        p["metadata"]["name"]: p["spec"] for p in render.network_policies(parse_resource(obj), owner_uid=None)
-    }
+    return {p["metadata"]["name"]: p["spec"] for p in network_policies(parse_resource(obj), owner_uid=None)}
 
 
 def test_network_policies_admit_only_what_each_port_needs() -> None:
@@ -548,12 +554,14 @@ def test_network_policies_admit_only_what_each_port_needs() -> None:
     assert replicas["ingress"] == [{"from": [own]}, {"ports": [{"protocol": "TCP", "port": 8000}]}]
     assert replicas["policyTypes"] == master["policyTypes"] == ["Ingress"]
 
-    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
     client = {"ipBlock": {"cidr": "10.0.0.0/8"}}
-    declared = changed(example(), "spec.networkPolicy", {"metricsScrapers": [scraper], "clients": [client]})
+    declared = changed(example(), "spec.networkPolicy", {"clients": [client]})
     found = policies(declared)
-    # The master's metrics port also serves its admin API (remove_all, quotas, drains): never scrapers.
+    # The master's metrics port also serves its admin API (remove_all, quotas, drains): clients never.
     assert found["minimax-m25-master"]["ingress"] == master["ingress"]
+    scraper = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    with pytest.raises(InvalidResourceError, match=r"networkPolicy\.metricsScrapers"):
+        parse_resource(changed(example(), "spec.networkPolicy", {"metricsScrapers": [scraper]}))
     http = found["minimax-m25-replica"]["ingress"][1]
     operator = {
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "mooncake-operator"}},
@@ -567,7 +575,7 @@ def test_the_operator_is_admitted_from_its_own_namespace_only() -> None:
     """A tenant can label its own pods app.kubernetes.io/name=mooncake-operator: the label alone must not
     admit them to another tenant's replicas or masters."""
     declared = changed(example(), "spec.networkPolicy", {"clients": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]})
-    policy = render.network_policies(parse_resource(declared), owner_uid=None, operator_namespace="ops")
+    policy = network_policies(parse_resource(declared), owner_uid=None, operator_namespace="ops")
     operator = policy[1]["spec"]["ingress"][1]["from"][0]
     assert operator["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}
     assert all(
@@ -580,7 +588,7 @@ def test_the_operator_is_admitted_from_its_own_namespace_only() -> None:
 
 def test_the_disruption_budget_and_its_api_versions() -> None:
     resource = parse_resource(example())
-    budget = render.pod_disruption_budget(resource, owner_uid=None)
+    budget = pod_disruption_budget(resource, owner_uid=None)
     assert budget["apiVersion"] == "policy/v1"
     assert budget["spec"] == {
         "maxUnavailable": 1,
@@ -591,10 +599,10 @@ def test_the_disruption_budget_and_its_api_versions() -> None:
             }
         },
     }
-    beta = render.render_all(resource, owner_uid=None, policy_api_version=render.POLICY_V1BETA1)[-1]
+    beta = render_all(resource, owner_uid=None, policy_api_version=POLICY_V1BETA1)[-1]
     assert beta == {**budget, "apiVersion": "policy/v1beta1"}
     with pytest.raises(ValueError, match="apiVersion must be one of"):
-        render.pod_disruption_budget(resource, owner_uid=None, api_version="policy/v2")
+        pod_disruption_budget(resource, owner_uid=None, api_version="policy/v2")
 
 
 # --------------------------------------------------------------------------- secrets stay references

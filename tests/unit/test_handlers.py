@@ -10,12 +10,13 @@ import httpx
 import pytest
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator import api
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile import Outcome, worker
-from mooncake_operator.reconcile.cache import WatchCache
-from mooncake_operator.reconcile.worker import WORKERS_STOPPED, Workers, run_worker
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.reconcile.act import worker
+from mooncake_operator.reconcile.act.cache import WatchCache
+from mooncake_operator.reconcile.act.worker import WORKERS_STOPPED, Workers, run_worker
+from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +25,7 @@ def serving(name: str, version: str, *, deleting: bool = False) -> dict[str, Any
     metadata: dict[str, Any] = {"name": name, "namespace": "ns", "resourceVersion": version}
     if deleting:
         metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": metadata, "spec": {}}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": {}}
 
 
 class Recorder:
@@ -55,7 +56,7 @@ async def test_one_worker_per_resource_and_the_cache_holds_what_kopf_saw() -> No
     await running.observe("ADDED", serving("other", "3"))
     await asyncio.sleep(0)
     assert recorder.started == [("ns", "demo"), ("ns", "other")]
-    stored = running.cache.get(api.API_VERSION, api.KIND, "ns", "demo")
+    stored = running.cache.get(API_VERSION, KIND, "ns", "demo")
     assert stored is not None and stored["metadata"]["resourceVersion"] == "2"
     await running.close()
     assert sorted(recorder.cancelled) == [("ns", "demo"), ("ns", "other")]
@@ -80,7 +81,7 @@ async def test_a_resource_being_deleted_stops_its_worker_mid_reconcile() -> None
     await running.observe("MODIFIED", serving("demo", "2", deleting=True))
     assert recorder.cancelled == [("ns", "demo")] and not running.tasks
     await running.observe("DELETED", serving("demo", "3", deleting=True))
-    assert running.cache.get(api.API_VERSION, api.KIND, "ns", "demo") is None
+    assert running.cache.get(API_VERSION, KIND, "ns", "demo") is None
     # Created again under the name: a fresh worker, the old one having finished.
     await running.observe("ADDED", serving("demo", "4"))
     await asyncio.sleep(0)

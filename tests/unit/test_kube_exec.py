@@ -16,9 +16,17 @@ import httpx
 import pytest
 import yaml
 
-from mooncake_operator.kube import KubeApiError, KubeClient, KubeConfig, KubeConfigError, kubeconfig_to_config
-from mooncake_operator.kube_exec import EXEC_V1, EXEC_V1BETA1, ExecCredentials, ExecPlugin, ExecPluginError
-from mooncake_operator.operator_settings import connection_info
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig, kubeconfig_to_config
+from mooncake_operator.kube.errors import KubeApiError, KubeConfigError
+from mooncake_operator.kube.exec_auth import (
+    EXEC_V1,
+    EXEC_V1BETA1,
+    ExecCredentials,
+    ExecPlugin,
+    ExecPluginError,
+)
+from mooncake_operator.runtime.settings import connection_info
 
 pytestmark = pytest.mark.unit
 

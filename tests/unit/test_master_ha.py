@@ -12,23 +12,24 @@ import pytest
 import yaml
 from tests.support.manifests import with_change
 
-from mooncake_operator import api, render
-from mooncake_operator.api import (
-    CanaryStatus,
-    HighAvailabilityStatus,
-    InvalidResourceError,
-    MooncakeServing,
-    MooncakeServingStatus,
-    parse_resource,
-)
-from mooncake_operator.cli import build_parser
-from mooncake_operator.commands.run import settings_from
-from mooncake_operator.engine_args import HaTopology, master_argv, replica_launch
-from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
-from mooncake_operator.master_health import MasterView
-from mooncake_operator.reconcile import leader, plan, proof
-from mooncake_operator.reconcile.actions import PostEvent
-from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
+from mooncake_operator.api.status import CanaryStatus, HighAvailabilityStatus, MooncakeServingStatus
+from mooncake_operator.build.engine_args import HaTopology, master_argv, replica_launch
+from mooncake_operator.build.etcd import etcd_stateful_set, ha_topology
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.master import master_stateful_set, retired_workloads
+from mooncake_operator.build.names import master_pod_urls, replica_pod_names
+from mooncake_operator.build.network_policy import network_policies
+from mooncake_operator.build.replicas import replica_stateful_set
+from mooncake_operator.build.store_config import store_config_json
+from mooncake_operator.cli.main import build_parser
+from mooncake_operator.cli.run import settings_from
+from mooncake_operator.reconcile.decide import choose, leadership, plan, schedule
+from mooncake_operator.reconcile.decide.actions import PostEvent
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
+from mooncake_operator.reconcile.decide.leadership import MasterView
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
 from mooncake_sandbox import SandboxOptions
 from mooncake_sandbox import command as sandbox_command
 from mooncake_sandbox.ha import sandbox_ha_resource
@@ -129,7 +130,7 @@ def test_replica_launch_refuses_an_address_that_bypasses_the_election() -> None:
 
 def test_the_sandbox_derives_its_topology_through_the_renderer() -> None:
     resource = sandbox_ha_resource("127.0.0.1:23790", masters=3, enable_oplog=True)
-    topology = render.ha_topology(resource)
+    topology = ha_topology(resource)
     assert topology == HaTopology(
         etcd_endpoints=("127.0.0.1:23790",), cluster_id="mooncake-operator.default.minimax-m25"
     )
@@ -139,7 +140,7 @@ def test_the_sandbox_ha_masters_get_its_master_ttls() -> None:
     """`--master-ha` masters run with the sandbox's client and lease TTLs, as its single master does."""
     master = sandbox_spec(speculative=True).store.master
     resource = sandbox_ha_resource("127.0.0.1:23790", masters=3, enable_oplog=False, master=master)
-    argv = master_argv(resource.spec, ha=render.ha_topology(resource))
+    argv = master_argv(resource.spec, ha=ha_topology(resource))
     assert f"-client_ttl={MASTER_CLIENT_TTL_S}" in argv
     assert f"-default_kv_lease_ttl={MASTER_KV_LEASE_TTL_S}s" in argv
     assert "-enable_ha=true" in argv
@@ -149,7 +150,7 @@ def test_the_sandbox_ha_masters_get_its_master_ttls() -> None:
 
 
 def kinds(resource: MooncakeServing) -> list[str]:
-    return [f"{m['kind']}/{m['metadata']['name']}" for m in render.render_all(resource, owner_uid="u")]
+    return [f"{m['kind']}/{m['metadata']['name']}" for m in render_all(resource, owner_uid="u")]
 
 
 def test_managed_etcd_children_and_client_config() -> None:
@@ -170,10 +171,10 @@ def test_managed_etcd_children_and_client_config() -> None:
         "Service/minimax-m25",
         "PodDisruptionBudget/minimax-m25-replica",
     ]
-    config = yaml.safe_load(render.store_config_json(resource))
+    config = yaml.safe_load(store_config_json(resource))
     endpoints = [f"minimax-m25-etcd-{i}.minimax-m25-etcd.default.svc:2379" for i in range(3)]
     assert config["master_server_address"] == "etcd://" + ";".join(endpoints)
-    etcd = render.etcd_stateful_set(resource, owner_uid=None)
+    etcd = etcd_stateful_set(resource, owner_uid=None)
     command = etcd["spec"]["template"]["spec"]["containers"][0]["command"]
     assert any(
         arg.startswith("--initial-cluster=minimax-m25-etcd-0=http://") and arg.count("=http") == 3
@@ -185,21 +186,19 @@ def test_managed_etcd_children_and_client_config() -> None:
         "resources": {"requests": {"storage": "1Gi"}},
         "storageClassName": "fast",
     }
-    replica = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["spec"]["containers"][
-        0
-    ]
+    replica = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["spec"]["containers"][0]
     assert {"name": "MC_STORE_CLUSTER_ID", "value": "mooncake-operator.default.minimax-m25"} in replica["env"]
 
 
 def test_masters_publish_their_pod_ip_and_are_ready_as_standbys() -> None:
     resource = resource_with({"enabled": True})
-    master = render.master_stateful_set(resource, owner_uid=None)
+    master = master_stateful_set(resource, owner_uid=None)
     container = master["spec"]["template"]["spec"]["containers"][0]
     assert "-rpc_address=$(POD_IP)" in container["command"]
     assert container["env"][0] == {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
     assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
     assert master["spec"]["replicas"] == 3
-    assert render.master_pod_urls(resource) == [
+    assert master_pod_urls(resource) == [
         f"http://minimax-m25-master-{i}.minimax-m25-masters.default.svc:9003" for i in range(3)
     ]
 
@@ -213,8 +212,8 @@ def test_external_tls_etcd_mounts_the_ca_for_masters_and_replicas() -> None:
     )
     assert "StatefulSet/minimax-m25-etcd" not in kinds(resource)
     for workload in (
-        render.master_stateful_set(resource, owner_uid=None),
-        render.replica_stateful_set(resource, owner_uid=None),
+        master_stateful_set(resource, owner_uid=None),
+        replica_stateful_set(resource, owner_uid=None),
     ):
         pod = workload["spec"]["template"]["spec"]
         assert {
@@ -223,20 +222,18 @@ def test_external_tls_etcd_mounts_the_ca_for_masters_and_replicas() -> None:
         } in pod["volumes"]
         env = {item["name"]: item.get("value") for item in pod["containers"][0]["env"]}
         assert env["SSL_CERT_DIR"] == "/etc/ssl/certs:/etc/mooncake/etcd-ca"
-    assert (
-        yaml.safe_load(render.store_config_json(resource))["master_server_address"] == "etcd://https://e:2379"
-    )
+    assert yaml.safe_load(store_config_json(resource))["master_server_address"] == "etcd://https://e:2379"
 
 
 def test_switching_modes_retires_the_other_modes_workloads() -> None:
-    single = [(ref.kind, ref.name) for ref in render.retired_workloads(customer_deployment())]
+    single = [(ref.kind, ref.name) for ref in retired_workloads(customer_deployment())]
     assert single == [("StatefulSet", "minimax-m25-master"), ("StatefulSet", "minimax-m25-etcd")]
-    ha = [(ref.kind, ref.name) for ref in render.retired_workloads(resource_with({"enabled": True}))]
+    ha = [(ref.kind, ref.name) for ref in retired_workloads(resource_with({"enabled": True}))]
     assert ha == [("Deployment", "minimax-m25-master")]
     external = resource_with({"enabled": True, "etcd": {"external": {"endpoints": ["e:2379"]}}})
-    retired = {(r.kind, r.name) for r in render.retired_workloads(external)}
+    retired = {(r.kind, r.name) for r in retired_workloads(external)}
     assert ("StatefulSet", "minimax-m25-etcd") in retired
-    rendered = {(m["kind"], m["metadata"]["name"]) for m in render.render_all(external, owner_uid=None)}
+    rendered = {(m["kind"], m["metadata"]["name"]) for m in render_all(external, owner_uid=None)}
     assert not rendered & retired
 
 
@@ -269,7 +266,7 @@ def test_the_measured_health_body_parses() -> None:
 def test_the_leader_is_the_pod_that_says_it_leads() -> None:
     resource = resource_with({"enabled": True})
     views = [MasterView.parse(STANDBY_HEALTH), MasterView.parse(LEADER_HEALTH), None]
-    found = leader.decide(resource, observed(resource), views)
+    found = leadership.find_leader(resource, observed(resource), views)
     assert found.leader is not None and found.leader.name == "minimax-m25-master-1"
     assert found.observation.master.ready and found.observation.master.pod == found.leader
     assert "minimax-m25-master-1 leads (10.0.0.5:50051, view 9)" in found.observation.master.message
@@ -287,38 +284,38 @@ def test_no_single_leader_means_the_master_is_not_ready(
 ) -> None:
     resource = resource_with({"enabled": True})
     parsed = [MasterView.parse(view) if view else None for view in views]
-    found = leader.decide(resource, observed(resource), parsed)
+    found = leadership.find_leader(resource, observed(resource), parsed)
     assert found.leader is None and not found.observation.master.ready
     assert message in found.observation.master.message
 
 
-def leadership(name: str | None, address: str = "10.0.0.5:50051") -> leader.Leadership:
+def leadership_of(name: str | None, address: str = "10.0.0.5:50051") -> leadership.Leadership:
     resource = resource_with({"enabled": True})
     obs = observed(resource)
     if name is None:
-        return leader.Leadership(obs, None, None)
+        return leadership.Leadership(obs, None, None)
     view = MasterView("leader", True, address, 3)
-    return leader.Leadership(obs, pod(name), view)
+    return leadership.Leadership(obs, pod(name), view)
 
 
 def test_failovers_are_counted_when_the_leader_changes() -> None:
-    first, message = leader.track(None, leadership("m-0"), now="t0")
+    first, message = leadership.track(None, leadership_of("m-0"), now="t0")
     assert first is not None and (first.leader, first.failovers, message) == ("m-0", 0, None)
-    during, message = leader.track(first, leadership(None), now="t1")
+    during, message = leadership.track(first, leadership_of(None), now="t1")
     assert during == first and message is None  # no leader yet: keep the last one
-    after, message = leader.track(during, leadership("m-2", "10.0.0.7:50051"), now="t2")
+    after, message = leadership.track(during, leadership_of("m-2", "10.0.0.7:50051"), now="t2")
     assert after is not None and (after.leader, after.failovers, after.last_failover_time) == ("m-2", 1, "t2")
     assert message is not None and "m-2 (10.0.0.7:50051) leads, was m-0 (10.0.0.5:50051)" in message
-    same, message = leader.track(after, leadership("m-2", "10.0.0.7:50051"), now="t3")
+    same, message = leadership.track(after, leadership_of("m-2", "10.0.0.7:50051"), now="t3")
     assert same == after and message is None
-    assert leader.track(HighAvailabilityStatus(leader="m-0"), None, now="t4") == (None, None)
+    assert leadership.track(HighAvailabilityStatus(leader="m-0"), None, now="t4") == (None, None)
 
 
 def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     """The masters' answers are part of the pass's snapshot; the planner picks the leader, records it, and
     orders the failover event first, once: the decision after the canary run does not repeat it."""
     resource = resource_with({"enabled": True})
-    replicas = tuple(pod(name) for name in render.replica_pod_names(resource))
+    replicas = tuple(pod(name) for name in replica_pod_names(resource))
     masters = tuple(pod(f"minimax-m25-master-{i}") for i in range(3))
     count = len(replicas)
     observation = Observation(
@@ -328,9 +325,9 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     before = HighAvailabilityStatus(leader="minimax-m25-master-0", leader_address="10.0.0.4:50051")
     stored = MooncakeServingStatus(phase="Ready", high_availability=before)
     now = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
-    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60, leader_check_seconds=30)
     views = (MasterView.parse(STANDBY_HEALTH), MasterView.parse(LEADER_HEALTH), None)
-    rendering = plan.rendering(resource, stored, None, ())
+    rendering = choose.rendering(resource, stored, None, ())
     snapshot = plan.Snapshot(resource, stored, rendering, observation, now, timing, master_views=views)
     first = plan.decide(snapshot)
     failover = PostEvent(
@@ -351,9 +348,11 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
     assert order is not None and order.target.master_leader == "minimax-m25-master-1"
     assert order.target.master_pod == "uid-minimax-m25-master-1"
     run = CanaryStatus(run_id="r", verdict="Passed", finished_at="2026-01-01T00:01:30Z", target=order.target)
-    after = plan.decide(snapshot, plan.CanaryRun(run), now=now)
+    after = plan.decide(snapshot, CanaryRun(run), now=now)
     assert failover not in after.actions
     assert after.status.high_availability == tracked and after.status.phase == "Ready"
+    # Who leads is asked over HTTP, not watched: the decision tells the worker when to ask again.
+    assert after.outcome is not None and after.outcome.leader_check_in == timing.leader_check_seconds
     # A single master: nobody to ask, no leader recorded.
     single = dataclasses.replace(snapshot, master_views=None)
     assert plan.decide(single).status.high_availability is None
@@ -361,7 +360,7 @@ def test_the_planner_decides_the_leader_and_posts_a_failover_once() -> None:
 
 def test_a_leader_change_makes_the_canary_due() -> None:
     def target(leader_pod: str) -> Any:
-        return proof.current_target(
+        return schedule.current_target(
             revision="r",
             generation=1,
             replica_pods=[],
@@ -375,10 +374,14 @@ def test_a_leader_change_makes_the_canary_due() -> None:
         run_id="x", verdict="Passed", finished_at="2026-01-01T00:00:00Z", target=target("m-0")
     )
     now = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
-    why = proof.canary_due(last, target("m-1"), now=now, interval_seconds=None, inconclusive_retry_seconds=60)
+    why = schedule.canary_due(
+        last, target("m-1"), now=now, interval_seconds=None, inconclusive_retry_seconds=60
+    )
     assert why == "the store master failed over (leader m-0 -> m-1)"
     assert (
-        proof.canary_due(last, target("m-0"), now=now, interval_seconds=None, inconclusive_retry_seconds=60)
+        schedule.canary_due(
+            last, target("m-0"), now=now, interval_seconds=None, inconclusive_retry_seconds=60
+        )
         is None
     )
 
@@ -412,7 +415,7 @@ def test_the_managed_etcd_admits_this_resources_masters_and_replicas_and_its_mem
     """It has no authentication: any other pod reaching its client port could rewrite master_view."""
     policies = {
         p["metadata"]["name"]: p["spec"]
-        for p in render.network_policies(resource_with({"enabled": True}), owner_uid=None)
+        for p in network_policies(resource_with({"enabled": True}), owner_uid=None)
     }
     etcd = policies["minimax-m25-etcd"]
     own = {"app.kubernetes.io/instance": "minimax-m25"}
@@ -432,13 +435,13 @@ def test_the_managed_etcd_admits_this_resources_masters_and_replicas_and_its_mem
     ]
     external = {"enabled": True, "etcd": {"external": {"endpoints": ["etcd.platform:2379"]}}}
     assert "minimax-m25-etcd" not in {
-        p["metadata"]["name"] for p in render.network_policies(resource_with(external), owner_uid=None)
+        p["metadata"]["name"] for p in network_policies(resource_with(external), owner_uid=None)
     }
 
 
 def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
     def metrics_rules(resource: MooncakeServing) -> list[dict[str, Any]]:
-        policy = render.network_policies(resource, owner_uid=None)[0]
+        policy = network_policies(resource, owner_uid=None)[0]
         return [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == 9003]
 
     assert metrics_rules(customer_deployment()) == []  # the operator never asks a single master
@@ -449,17 +452,3 @@ def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mooncake-system"}},
         }
     ]
-    # Declared scrapers are not admitted to that port: it also serves the master's admin API.
-    scraped = resource_with({"enabled": True})
-    spec = scraped.spec.model_copy(
-        update={
-            "network_policy": scraped.spec.network_policy.model_copy(
-                update={
-                    "metrics_scrapers": [
-                        api.NetworkPolicyPeer.model_validate({"ipBlock": {"cidr": "0.0.0.0/0"}})
-                    ]
-                }
-            )
-        }
-    )
-    assert metrics_rules(scraped.model_copy(update={"spec": spec})) == [rule]

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from tests.support.hostile_http import endless, gzip_bomb, raw_server, response_head
 
-from mooncake_operator.reconcile import leader
-from mooncake_operator.reconcile.leader import master_view, master_views
+from mooncake_operator.reconcile.act import master_health
+from mooncake_operator.reconcile.act.master_health import master_view, master_views
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +68,7 @@ async def test_an_endless_body_stops_at_the_cap_with_bounded_memory() -> None:
 
 
 async def test_a_body_that_drips_forever_ends_at_the_total_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(leader, "PROBE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(master_health, "PROBE_TIMEOUT_S", 1.0)
     with raw_server(_drip) as url:
         async with httpx.AsyncClient(trust_env=False, timeout=5.0) as http:
             started = time.perf_counter()

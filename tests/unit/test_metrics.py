@@ -10,9 +10,9 @@ import httpx
 import pytest
 from tests.support.prometheus import REPO_ROOT, promtool
 
-from mooncake_operator import api
-from mooncake_operator.metrics import CanaryCause, OperatorMetrics, canary_cause, serve
-from mooncake_operator.reconcile.slots import CanarySlots
+from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus, PairEvidence
+from mooncake_operator.reconcile.act.slots import CanarySlots
+from mooncake_operator.runtime.metrics import CanaryCause, OperatorMetrics, canary_cause, serve
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +20,7 @@ FINISHED = "2026-12-01T10:00:05Z"
 FINISHED_S = 1796119205.0
 
 
-def pair(verdict: str = "Passed", reason: str = "", **changes: Any) -> api.PairEvidence:
+def pair(verdict: str = "Passed", reason: str = "", **changes: Any) -> PairEvidence:
     fields: dict[str, Any] = {
         "writer": "demo-replica-0",
         "reader": "demo-replica-1",
@@ -34,13 +34,13 @@ def pair(verdict: str = "Passed", reason: str = "", **changes: Any) -> api.PairE
         "warm_latency_ms": 300.0,
         **changes,
     }
-    return api.PairEvidence.model_validate(fields)
+    return PairEvidence.model_validate(fields)
 
 
 def canary(
-    verdict: str = "Passed", reason: str = "", pairs: list[api.PairEvidence] | None = None
-) -> api.CanaryStatus:
-    return api.CanaryStatus(
+    verdict: str = "Passed", reason: str = "", pairs: list[PairEvidence] | None = None
+) -> CanaryStatus:
+    return CanaryStatus(
         run_id="0123456789ab",
         verdict=verdict,  # type: ignore[arg-type]
         reason=reason,
@@ -51,7 +51,7 @@ def canary(
     )
 
 
-def status(**changes: Any) -> api.MooncakeServingStatus:
+def status(**changes: Any) -> MooncakeServingStatus:
     fields: dict[str, Any] = {
         "phase": "Ready",
         "conditions": [
@@ -72,7 +72,7 @@ def status(**changes: Any) -> api.MooncakeServingStatus:
         "rollout": {"strategy": "InPlace"},
     }
     fields.update(changes)
-    model = api.MooncakeServingStatus.model_validate(fields)
+    model = MooncakeServingStatus.model_validate(fields)
     return model if "canary" in changes else model.model_copy(update={"canary": canary()})
 
 

@@ -8,6 +8,7 @@ import ast
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -67,9 +68,13 @@ def test_the_operator_wheel_holds_the_operator_package_only(wheel: zipfile.ZipFi
     names = wheel.namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top == {"mooncake_operator"}
-    assert "mooncake_operator/cli.py" in names and "mooncake_operator/canary/runner.py" in names
+    assert (
+        "mooncake_operator/cli/main.py" in names
+        and "mooncake_operator/build/replicas.py" in names
+        and "mooncake_operator/canary/runner.py" in names
+    )
     assert "mooncake_operator/data/minimax-m2.5-eagle3.yaml" in names
-    sandbox_files = [n for n in names if "sandbox" in n and n != "mooncake_operator/commands/sandbox.py"]
+    sandbox_files = [n for n in names if "sandbox" in n and n != "mooncake_operator/cli/sandbox.py"]
     assert sandbox_files == []
     for gone in ("tiny_models.py", "perturbed_model.py", "buggy_engine.py", "cpu_stalls.py", "netns.py"):
         assert not any(name.endswith("/" + gone) for name in names), gone
@@ -81,8 +86,9 @@ def test_nothing_in_the_operator_wheel_imports_the_engines_packages(wheel: zipfi
     for name in modules:
         imported = _imported_top_levels(wheel.read(name).decode())
         assert not imported & set(ENGINE_ONLY), (name, sorted(imported & set(ENGINE_ONLY)))
-        # commands/sandbox.py hands over to it with importlib, only when that command runs.
+        # cli/sandbox.py finds the sandbox's command through an entry point: it never names the package.
         assert "mooncake_sandbox" not in imported, name
+        assert "mooncake_sandbox" not in wheel.read(name).decode(), name
 
 
 # Records every attempt to import an engine-venv package (none is installed in the dev venv, so a plain
@@ -104,10 +110,10 @@ class Watch(MetaPathFinder):
         return None
 
 sys.meta_path.insert(0, Watch())
-import mooncake_operator.cli
+import mooncake_operator.cli.main
 
 try:
-    code = mooncake_operator.cli.main(sys.argv[2:])
+    code = mooncake_operator.cli.main.main(sys.argv[2:])
 except SystemExit as done:
     code = done.code
 print("engine imports tried:", sorted(tried), file=sys.stderr)
@@ -150,3 +156,17 @@ def test_with_the_sandbox_installed_the_command_is_the_sandboxs() -> None:
     done = _cli("allow", "sandbox", "--replicas", "1")
     assert done.returncode == 3, done.stderr
     assert "need 2 to" in done.stderr and "sandbox loaded: True" in done.stderr
+
+
+def test_the_sandbox_plugs_its_command_in_through_an_entry_point() -> None:
+    """sandbox/pyproject.toml declares it (scripts/bootstrap installs the sandbox editable, which registers
+    it); the operator's CLI loads it from there."""
+    from mooncake_operator.cli.sandbox import ENTRY_POINT_GROUP, plugged_in
+    from mooncake_sandbox import command
+
+    declared = tomllib.loads((REPO / "sandbox" / "pyproject.toml").read_text(encoding="utf-8"))
+    assert declared["project"]["entry-points"][ENTRY_POINT_GROUP] == {
+        "sandbox": "mooncake_sandbox.command:register"
+    }
+    assert plugged_in("sandbox") is command.register
+    assert plugged_in("no-such-command") is None

@@ -111,7 +111,8 @@ def test_the_package_is_installed_from_the_checkout() -> None:
     ("path", "included"),
     [
         ("pyproject.toml", True),
-        ("operator/mooncake_operator/cli.py", True),
+        ("operator/mooncake_operator/cli/main.py", True),
+        ("operator/mooncake_operator/build/names.py", True),
         ("operator/mooncake_operator/__pycache__/cli.cpython-311.pyc", False),
         (".venv/bin/python", False),
         ("tests/unit/test_chart.py", False),

@@ -14,11 +14,12 @@ from typing import Any
 import httpx
 import pytest
 
-from mooncake_operator.cli import build_parser, main
-from mooncake_operator.commands.run import lease_settings_from
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.operator_lease import LeaderElector, LeadershipLost, LeaseSettings, holder_of
-from mooncake_operator.operator_settings import OperatorSettings, SettingsError
+from mooncake_operator.cli.main import build_parser, main
+from mooncake_operator.cli.run import lease_settings_from
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.runtime.lease import LeaderElector, LeadershipLost, LeaseSettings, holder_of
+from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
 
 pytestmark = pytest.mark.unit
 
@@ -283,7 +284,7 @@ class _Unstoppable:
 async def test_a_lost_lease_ends_the_process_before_the_lease_can_pass_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mooncake_operator.commands import run as run_command
+    from mooncake_operator.cli import run as run_command
 
     class Elector:
         identity = "op-0"

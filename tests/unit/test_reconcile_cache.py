@@ -6,19 +6,18 @@ from __future__ import annotations
 import asyncio
 import json
 import tracemalloc
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
-from tests.support.fake_api import runtime_answering
 
-from mooncake_operator import api, render
-from mooncake_operator.kube import KubeClient, KubeConfig
-from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile import Outcome
-from mooncake_operator.reconcile.cache import SERVING, Store, WatchCache, WatchedKind, project
-from mooncake_operator.reconcile.worker import interval_due_in, next_delay
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_INSTANCE
+from mooncake_operator.kube.client import KubeClient
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.reconcile.act.cache import Store, WatchCache, WatchedKind, project
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +31,7 @@ def pod(name: str, version: str, *, owner: str = "demo", ready: bool = False) ->
             "namespace": "ns",
             "uid": f"uid-{name}",
             "resourceVersion": version,
-            "labels": {render.LABEL_INSTANCE: owner, render.LABEL_COMPONENT: render.COMPONENT_REPLICA},
+            "labels": {LABEL_INSTANCE: owner, LABEL_COMPONENT: COMPONENT_REPLICA},
             "managedFields": [{"manager": "kubelet"}],
             "ownerReferences": [{"kind": "StatefulSet"}],
         },
@@ -89,7 +88,7 @@ def test_pods_are_kept_as_what_readiness_reads_and_other_objects_without_managed
         "namespace": "ns",
         "uid": "uid-demo-replica-0",
         "resourceVersion": "3",
-        "labels": {render.LABEL_INSTANCE: "demo", render.LABEL_COMPONENT: render.COMPONENT_REPLICA},
+        "labels": {LABEL_INSTANCE: "demo", LABEL_COMPONENT: COMPONENT_REPLICA},
     }
     assert kept["status"] == {
         "conditions": [{"type": "Ready", "status": "True"}],
@@ -107,7 +106,7 @@ def test_a_read_returns_a_copy_the_caller_may_change() -> None:
     read["metadata"]["labels"].clear()
     store.owned("ns", "demo")[0]["status"]["conditions"].clear()
     again = store.get("ns", "demo-replica-0")
-    assert again is not None and again["metadata"]["labels"][render.LABEL_INSTANCE] == "demo"
+    assert again is not None and again["metadata"]["labels"][LABEL_INSTANCE] == "demo"
     assert again["status"]["conditions"] == [{"type": "Ready", "status": "True"}]
 
 
@@ -115,10 +114,10 @@ def rendered_children(count: int) -> list[dict[str, Any]]:
     """Every child of `count` resources, as a watch would deliver them (parsed JSON)."""
     objects = []
     for index in range(count):
-        resource = api.parse_resource(
+        resource = parse_resource(
             {
-                "apiVersion": api.API_VERSION,
-                "kind": api.KIND,
+                "apiVersion": API_VERSION,
+                "kind": KIND,
                 "metadata": {"name": f"mcs-{index:03d}", "namespace": "ns"},
                 "spec": {
                     "model": {"name": "MiniMaxAI/MiniMax-M2.5", "revision": "r1"},
@@ -128,7 +127,7 @@ def rendered_children(count: int) -> list[dict[str, Any]]:
                 },
             }
         )
-        for child in render.render_all(resource, owner_uid=f"uid-{index}", policy_api_version="policy/v1"):
+        for child in render_all(resource, owner_uid=f"uid-{index}", policy_api_version="policy/v1"):
             child["metadata"]["resourceVersion"] = str(index + 1)
             objects.append(json.loads(json.dumps(child)))
     return objects
@@ -221,48 +220,3 @@ async def test_the_cache_absorbs_the_answers_of_writes() -> None:
     cache.forget("v1", "Pod", "ns", "demo-replica-0")
     assert cache.get("v1", "Pod", "ns", "demo-replica-0") is None
     await kube.aclose()
-
-
-def serving_body(interval: int | None, finished: datetime | None) -> dict[str, Any]:
-    canary: dict[str, Any] = {} if interval is None else {"intervalSeconds": interval}
-    status = {} if finished is None else {"canary": {"finishedAt": finished.strftime("%Y-%m-%dT%H:%M:%SZ")}}
-    return {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
-        "metadata": {"name": "demo", "namespace": "ns", "resourceVersion": "3"},
-        "spec": {"canary": canary},
-        "status": status,
-    }
-
-
-def test_the_canary_interval_is_due_counted_from_the_last_finished_run() -> None:
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    assert interval_due_in(serving_body(60, now - timedelta(seconds=45)), now) == 15
-    assert interval_due_in(serving_body(60, now - timedelta(seconds=75)), now) is None  # just handled
-    assert interval_due_in(serving_body(None, now), now) is None
-    assert interval_due_in(serving_body(60, None), now) is None
-    assert interval_due_in(None, now) is None
-
-
-async def test_the_worker_sleeps_until_its_first_timer() -> None:
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    runtime = runtime_answering(lambda request: httpx.Response(404), resync_seconds=600)
-    runtime.clock = lambda: now
-    try:
-        ready = Outcome(ReconcileResult.READY)
-        assert next_delay(runtime, "ns", "demo", ready) == 600
-        # Waiting: pods arrive through the watches, but a leading HA master does not (asked over HTTP).
-        waiting = Outcome(ReconcileResult.WAITING, retry_after=10)
-        assert next_delay(runtime, "ns", "demo", waiting) == 10
-        assert next_delay(runtime, "ns", "demo", Outcome(ReconcileResult.ERROR, retry_after=10)) == 10
-        runtime.cache.remember(serving_body(60, now - timedelta(seconds=20)))
-        assert runtime.cache.get(*(SERVING.api_version, SERVING.kind), "ns", "demo") is not None
-        assert next_delay(runtime, "ns", "demo", ready) == 40
-        # Highly available masters: the leader is asked over HTTP, so it is looked at every 30 s.
-        ha = serving_body(None, None)
-        ha["metadata"]["resourceVersion"] = "99"
-        ha["spec"]["store"] = {"master": {"highAvailability": {"enabled": True}}}
-        runtime.cache.remember(ha)
-        assert next_delay(runtime, "ns", "demo", ready) == 30
-    finally:
-        await runtime.close()

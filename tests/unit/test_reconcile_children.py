@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import render
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile.children import (
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.reconcile.act.children import (
     APPLIED_HASH_ANNOTATION,
     holds,
     needs_apply,
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 
 def rendered() -> list[dict[str, Any]]:
     resource = customer_deployment()
-    return [with_applied_hash(m) for m in render.render_all(resource, owner_uid="uid-1")]
+    return [with_applied_hash(m) for m in render_all(resource, owner_uid="uid-1")]
 
 
 def as_stored(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -10,13 +10,33 @@ from typing import Any
 import httpx
 import pytest
 from tests.support import fake_api
+from tests.support.fake_api import InMemoryApi
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile import ReconcileResult, Runtime, reconcile
-from mooncake_operator.reconcile.children import with_applied_hash
-from mooncake_operator.reconcile.observe import TEMPLATE_HASH_LABEL, MasterState, Observation, ReplicaState
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.api.status import MooncakeServingStatus
+from mooncake_operator.build import replicas as replica_builders
+from mooncake_operator.build.manifests import render_all
+from mooncake_operator.build.names import (
+    COMPONENT_MASTER,
+    COMPONENT_REPLICA,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    TRAFFIC_LABEL,
+    replica_set_name,
+    selector,
+)
+from mooncake_operator.build.replicas import replica_pod_template, replica_template_id
+from mooncake_operator.reconcile.act.children import with_applied_hash
+from mooncake_operator.reconcile.act.core import Runtime, reconcile
+from mooncake_operator.reconcile.decide.actions import ReconcileResult
+from mooncake_operator.reconcile.decide.observe import (
+    TEMPLATE_HASH_LABEL,
+    MasterState,
+    Observation,
+    ReplicaState,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -70,50 +90,7 @@ async def test_an_api_failure_is_retried_soon_and_counted(closing: list[Runtime]
     assert errors(runtime) == 1
 
 
-class World:
-    """An in-memory API server: objects by path, label-selected lists, and a status subresource that can
-    be made to fail. Requests are recorded as (method, path)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.fail_status = False
-
-    def put(self, path: str, obj: dict[str, Any]) -> None:
-        self.objects[path] = obj
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        path, method = request.url.path, request.method
-        self.requests.append((method, path))
-        if method == "GET" and path in self.objects:
-            return httpx.Response(200, json=self.objects[path])
-        if method == "GET" and not request.url.params.get("limit"):
-            return httpx.Response(404, json={"kind": "Status", "reason": "NotFound", "code": 404})
-        if method == "GET":
-            selector = request.url.params.get("labelSelector")
-            wanted = dict(item.split("=", 1) for item in selector.split(",")) if selector else {}
-            items = [
-                obj
-                for key, obj in sorted(self.objects.items())
-                if key.startswith(path + "/")
-                and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
-            ]
-            return httpx.Response(200, json={"items": items, "metadata": {"resourceVersion": "1"}})
-        if method == "PATCH" and path.endswith("/status") and self.fail_status:
-            failure = {"kind": "Status", "reason": "InternalError", "message": "etcd timeout", "code": 500}
-            return httpx.Response(500, json=failure)
-        if method == "PATCH" and "/pods/" in path:
-            labels = json.loads(request.content)["metadata"]["labels"]
-            self.objects[path]["metadata"]["labels"].update(labels)
-            return httpx.Response(200, json=self.objects[path])
-        if method in ("PATCH", "POST"):
-            return httpx.Response(200, json=json.loads(request.content))
-        if method == "DELETE" and path in self.objects:
-            return httpx.Response(200, json=self.objects.pop(path))
-        raise AssertionError(f"unexpected {method} {path}")
-
-
-def held_world() -> tuple[World, MooncakeServing]:
+def held_world() -> tuple[InMemoryApi, MooncakeServing]:
     """A resource whose failed canary held replica 1 out of traffic; then its canary was turned off, which
     would put replica 1 back in traffic."""
     spec = {
@@ -124,10 +101,8 @@ def held_world() -> tuple[World, MooncakeServing]:
         "canary": {"enabled": False},
     }
     meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
-    resource = api.parse_resource(
-        {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec}
-    )
-    world = World()
+    resource = parse_resource({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec})
+    world = InMemoryApi()
     pods = [
         {"name": "demo-replica-0", "uid": "p0", "serving": True, "reason": "proven", "provenBy": "r1"},
         {"name": "demo-replica-1", "uid": "p1", "serving": False, "reason": "held", "provenBy": None},
@@ -137,12 +112,12 @@ def held_world() -> tuple[World, MooncakeServing]:
         "outOfTraffic": ["demo-replica-1"],
         "traffic": {"serving": 1, "pods": pods},
     }
-    body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec, "status": status}
+    body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec, "status": status}
     world.put("/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo", body)
     put_children(world, resource)
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
-    managed = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
-    master_labels = {**render.selector(resource, render.COMPONENT_MASTER), **managed}
+    managed = {LABEL_MANAGED_BY: MANAGED_BY}
+    master_labels = {**selector(resource, COMPONENT_MASTER), **managed}
     world.put(
         "/api/v1/namespaces/ns/pods/demo-master-x",
         {
@@ -163,9 +138,9 @@ def held_world() -> tuple[World, MooncakeServing]:
     return world, resource
 
 
-def put_children(world: World, resource: MooncakeServing, replica_set: str | None = None) -> None:
+def put_children(world: InMemoryApi, resource: MooncakeServing, replica_set: str | None = None) -> None:
     """The rendered children, rolled out (the StatefulSet at revision hash-a)."""
-    for manifest in render.render_all(resource, owner_uid="uid-demo", replica_set=replica_set):
+    for manifest in render_all(resource, owner_uid="uid-demo", replica_set=replica_set):
         child = with_applied_hash(manifest)
         child["metadata"]["generation"] = 1
         kind = child["kind"]
@@ -179,15 +154,15 @@ def put_children(world: World, resource: MooncakeServing, replica_set: str | Non
         world.put(f"{group}/namespaces/ns/{plural}/{child['metadata']['name']}", child)
 
 
-def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
+def put_replica_pod(world: InMemoryApi, resource: MooncakeServing, name: str, uid: str, traffic: str) -> None:
     """A pod the replica set SET (NAME = SET-<ordinal>) created: its controller reference names the set's
     UID (as put_children gives it)."""
     replica_set, ordinal = name.rsplit("-", 1)
     labels = {
-        **render.selector(resource, render.COMPONENT_REPLICA),
-        render.LABEL_MANAGED_BY: render.MANAGED_BY,
+        **selector(resource, COMPONENT_REPLICA),
+        LABEL_MANAGED_BY: MANAGED_BY,
         TEMPLATE_HASH_LABEL: "hash-a",
-        render.TRAFFIC_LABEL: traffic,
+        TRAFFIC_LABEL: traffic,
     }
     world.put(
         f"/api/v1/namespaces/ns/pods/{name}",
@@ -217,7 +192,7 @@ def put_replica_pod(world: World, resource: MooncakeServing, name: str, uid: str
     )
 
 
-def blue_green_world() -> tuple[World, str]:
+def blue_green_world() -> tuple[InMemoryApi, str]:
     """BlueGreen without a canary: demo-replica (image 1) serves; the spec moved to image 2, whose
     candidate set is up with both replicas Ready. Returns the world and the candidate's name."""
 
@@ -234,12 +209,12 @@ def blue_green_world() -> tuple[World, str]:
     meta = {"name": "demo", "namespace": "ns", "uid": "uid-demo", "generation": 3}
 
     def parsed(image: str) -> MooncakeServing:
-        body = {"apiVersion": api.API_VERSION, "kind": api.KIND, "metadata": meta, "spec": spec(image)}
-        return api.parse_resource(body)
+        body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec(image)}
+        return parse_resource(body)
 
     old, new = parsed("registry.invalid/vllm:1"), parsed("registry.invalid/vllm:2")
-    candidate = render.replica_set_name(new, render.replica_template_id(new))
-    world = World()
+    candidate = replica_set_name(new, replica_template_id(new))
+    world = InMemoryApi()
     pods = [
         {"name": f"demo-replica-{i}", "uid": f"b{i}", "serving": True, "reason": "proven", "provenBy": "r1"}
         for i in (0, 1)
@@ -250,8 +225,8 @@ def blue_green_world() -> tuple[World, str]:
         "rollout": {"strategy": "BlueGreen", "servingSet": "demo-replica"},
     }
     body = {
-        "apiVersion": api.API_VERSION,
-        "kind": api.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": meta,
         "spec": spec("registry.invalid/vllm:2"),
         "status": status,
@@ -269,8 +244,8 @@ def blue_green_world() -> tuple[World, str]:
                 "namespace": "ns",
                 "uid": "m",
                 "labels": {
-                    **render.selector(new, render.COMPONENT_MASTER),
-                    render.LABEL_MANAGED_BY: render.MANAGED_BY,
+                    **selector(new, COMPONENT_MASTER),
+                    LABEL_MANAGED_BY: MANAGED_BY,
                 },
                 "ownerReferences": [MASTER_REPLICA_SET],
             },
@@ -283,7 +258,7 @@ def blue_green_world() -> tuple[World, str]:
     return world, candidate
 
 
-def runtime_of(world: World) -> Runtime:
+def runtime_of(world: InMemoryApi) -> Runtime:
     return runtime_answering(world.handle, lists=True)
 
 
@@ -298,7 +273,7 @@ async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(
     assert outcome.result is ReconcileResult.ERROR and "etcd timeout" in outcome.message
     assert not [path for method, path in world.requests if method == "PATCH" and "/pods/" in path]
     label = world.objects["/api/v1/namespaces/ns/pods/demo-replica-1"]["metadata"]["labels"]
-    assert label[render.TRAFFIC_LABEL] == "off"
+    assert label[TRAFFIC_LABEL] == "off"
 
     # Once the status is written, the label follows it.
     world.fail_status = False
@@ -309,7 +284,7 @@ async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(
         "/apis/serving.mooncake-operator.dev/v1alpha1/namespaces/ns/mooncakeservings/demo/status",
         "/api/v1/namespaces/ns/pods/demo-replica-1",
     ]
-    assert label[render.TRAFFIC_LABEL] == "on"
+    assert label[TRAFFIC_LABEL] == "on"
 
 
 def _demo_resource() -> dict[str, Any]:
@@ -391,14 +366,14 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
     world, candidate = blue_green_world()
     runtime = runtime_of(world)
     closing.append(runtime)
-    rendered = render._replica_pod_template
+    rendered = replica_pod_template
     templates: list[str] = []
 
     def counted(resource: MooncakeServing, set_selector: dict[str, str]) -> dict[str, Any]:
         templates.append(resource.metadata.name)
         return rendered(resource, set_selector)
 
-    monkeypatch.setattr(render, "_replica_pod_template", counted)
+    monkeypatch.setattr(replica_builders, "replica_pod_template", counted)
     outcome = await reconcile(runtime, "ns", "demo")
     assert outcome.result is ReconcileResult.READY, outcome.message
     assert templates == ["demo"]  # the pass rendered the replica pod template once (sets, digest, child)
@@ -417,19 +392,20 @@ async def test_a_blue_green_switch_writes_the_status_then_the_labels_then_delete
     assert ("PATCH", "/apis/apps/v1/namespaces/ns/statefulsets/demo-replica") not in world.requests
     for i in (0, 1):
         labels = world.objects[f"/api/v1/namespaces/ns/pods/{candidate}-{i}"]["metadata"]["labels"]
-        assert labels[render.TRAFFIC_LABEL] == "on"
+        assert labels[TRAFFIC_LABEL] == "on"
         labels = world.objects[f"/api/v1/namespaces/ns/pods/demo-replica-{i}"]["metadata"]["labels"]
-        assert labels[render.TRAFFIC_LABEL] == "off"
+        assert labels[TRAFFIC_LABEL] == "off"
 
 
 async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runtime]) -> None:
     """The operator's canary on fake replicas whose last answer token is a near tie tipped on the reader:
-    the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so."""
+    the run passes, status.canary holds the divergence, and a CanaryBenignDivergence Event says so (an action
+    of the decision after the run)."""
     from tests.support.fake_vllm import VOCAB, FakeCluster
 
-    from mooncake_operator.reconcile.actions import RunCanary
-    from mooncake_operator.reconcile.core import _Actor, _Pass
-    from mooncake_operator.reconcile.proof import current_target
+    from mooncake_operator.reconcile.act.core import _Actor, _Pass
+    from mooncake_operator.reconcile.decide.actions import Decision, RunCanary
+    from mooncake_operator.reconcile.decide.schedule import current_target
 
     events: list[dict[str, Any]] = []
 
@@ -488,9 +464,15 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
         f"token_id:{VOCAB.word('.')}",
         f"token_id:{VOCAB.word('!')}",
     )
-    [event] = events
-    assert event["reason"] == "CanaryBenignDivergence" and event["type"] == "Normal"
-    assert "passed over a benign divergence" in event["message"]
+    # The Event is an action of the decision after the run (plan.decide puts the run's events first),
+    # not a request of the run itself.
+    assert events == []
+    [event] = run.events
+    assert (event.reason, event.type) == ("CanaryBenignDivergence", "Normal")
+    assert "passed over a benign divergence" in event.message
+    await actor.carry_out(Decision(run.events, None))
+    [posted] = events
+    assert (posted["reason"], posted["type"]) == ("CanaryBenignDivergence", "Normal")
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, render
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile.observe import in_set, master_state, pod_info, replica_state
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.resource import MooncakeServing
+from mooncake_operator.build.names import TRAFFIC_LABEL, replica_pod_names
+from mooncake_operator.reconcile.decide.observe import in_set, master_state, pod_info, replica_state
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +21,7 @@ def pod(
         "metadata": {
             "name": name,
             "uid": f"uid-{name}",
-            "labels": {"controller-revision-hash": template_hash, render.TRAFFIC_LABEL: "on"},
+            "labels": {"controller-revision-hash": template_hash, TRAFFIC_LABEL: "on"},
             **meta,
         },
         "status": {
@@ -38,7 +39,7 @@ def workload(generation: int = 2, observed: int = 2, **status: Any) -> dict[str,
     }
 
 
-RESOURCE: api.MooncakeServing = customer_deployment()  # 2 replicas, named minimax-m25
+RESOURCE: MooncakeServing = customer_deployment()  # 2 replicas, named minimax-m25
 
 
 def test_pod_info_reads_readiness_template_hash_restarts_and_traffic() -> None:
@@ -72,7 +73,7 @@ def test_the_master_is_ready_once_rolled_out_with_a_ready_pod() -> None:
 
 def test_replicas_are_ready_when_every_pod_is_ready_at_the_current_template() -> None:
     sts = workload(updateRevision="rev-2")
-    names = render.replica_pod_names(RESOURCE)
+    names = replica_pod_names(RESOURCE)
     state = replica_state(RESOURCE, sts, [pod(name) for name in names])
     assert state.all_ready and state.ready == 2 and state.message == "2/2 replicas ready"
     rolling = replica_state(RESOURCE, sts, [pod(names[0]), pod(names[1], template_hash="rev-1")])

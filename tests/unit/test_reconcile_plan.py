@@ -10,27 +10,29 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, render
-from mooncake_operator.api import (
+from mooncake_operator.api.group import API_VERSION, KIND, RERUN_CANARY_ANNOTATION
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.api.status import (
     CanaryStatus,
     CanaryTarget,
-    MooncakeServing,
     MooncakeServingStatus,
     PodTraffic,
     TrafficStatus,
 )
-from mooncake_operator.conditions import READY, find
-from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile import actions, plan
-from mooncake_operator.reconcile.actions import Action, Decision, Outcome
-from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, SetChoice, Snapshot, Timing
-from mooncake_operator.reconcile.revisions import LastGood, last_good_manifest
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.reconcile.decide import actions, choose, plan
+from mooncake_operator.reconcile.decide.actions import Action, Decision, Outcome, ReconcileResult
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
+from mooncake_operator.reconcile.decide.choose import SetChoice
+from mooncake_operator.reconcile.decide.conditions import READY, find
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.reconcile.decide.plan import Snapshot, Timing
+from mooncake_operator.reconcile.decide.revisions import LastGood, last_good_manifest
 
 pytestmark = pytest.mark.unit
 
 NOW = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
-TIMING = Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+TIMING = Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60, leader_check_seconds=30)
 OLD_IMAGE = "registry.invalid/vllm-mooncake:1"
 NEW_IMAGE = "registry.invalid/vllm-mooncake:2"
 MASTER = PodInfo("demo-master-x", "master-uid", True, False, "m1", 0, None)
@@ -39,11 +41,11 @@ MASTER = PodInfo("demo-master-x", "master-uid", True, False, "m1", 0, None)
 def resource(
     image: str = NEW_IMAGE, *, on_failure: str = "Hold", enabled: bool = True, rerun: str | None = None
 ) -> MooncakeServing:
-    annotations = {api.RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
-    return api.parse_resource(
+    annotations = {RERUN_CANARY_ANNOTATION: rerun} if rerun else {}
+    return parse_resource(
         {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": "demo", "namespace": "ns", "generation": 2, "annotations": annotations},
             "spec": {
                 "model": {"name": "tiny", "revision": "r1"},
@@ -56,12 +58,12 @@ def resource(
     )
 
 
-OLD = render.spec_hash(resource(OLD_IMAGE).spec)
-NEW = render.spec_hash(resource(NEW_IMAGE).spec)
+OLD = spec_hash(resource(OLD_IMAGE).spec)
+NEW = spec_hash(resource(NEW_IMAGE).spec)
 LAST_GOOD_OLD = LastGood(OLD, resource(OLD_IMAGE).spec)
 # onFailure is part of the spec, so of its digest.
-OLD_RB = render.spec_hash(resource(OLD_IMAGE, on_failure="Rollback").spec)
-NEW_RB = render.spec_hash(resource(NEW_IMAGE, on_failure="Rollback").spec)
+OLD_RB = spec_hash(resource(OLD_IMAGE, on_failure="Rollback").spec)
+NEW_RB = spec_hash(resource(NEW_IMAGE, on_failure="Rollback").spec)
 LAST_GOOD_OLD_RB = LastGood(OLD_RB, resource(OLD_IMAGE, on_failure="Rollback").spec)
 
 
@@ -155,7 +157,7 @@ def snapshot(
     **extra: Any,
 ) -> Snapshot:
     """What a pass would hand the planner: no replica set found yet (the spec's own), unless `sets`."""
-    rendering = plan.rendering(res, current, last_good, ())
+    rendering = choose.rendering(res, current, last_good, ())
     if sets is not None:
         rendering = dataclasses.replace(rendering, sets=sets)
     return Snapshot(res, current, rendering, observed, NOW, TIMING, **extra)
@@ -176,7 +178,7 @@ def summary(ordered: Sequence[Action]) -> tuple[tuple[Any, ...], ...]:
             case actions.PostEvent(reason=reason, type=kind):
                 return ("event", reason, kind)
             case actions.RecordLastGood(spec=spec):
-                return ("record", render.spec_hash(spec))
+                return ("record", spec_hash(spec))
             case actions.SetTraffic(labels=labels):
                 return ("traffic", dict(labels))
             case actions.RemoveSets(names=names):
@@ -431,6 +433,42 @@ def test_plan(case: Case) -> None:
         assert (decided.outcome.result, decided.outcome.retry_after) == (case.result, case.retry_after)
 
 
+def test_the_decision_carries_its_timers() -> None:
+    """The worker sleeps on the decision's timers (it reads no spec of its own): the canary interval
+    falls due counted from the last finished run; a single master needs no leader check."""
+    settled = decide(CASES["nothing changed: no run, no label write, nothing recorded"]).outcome
+    assert settled is not None and (settled.canary_due_in, settled.leader_check_in) == (None, None)
+    assert settled.sleep_seconds(600) == 600
+    wire = resource().to_wire()
+    wire["spec"]["canary"]["intervalSeconds"] = 60
+    every_minute = parse_resource(wire)
+    revision = spec_hash(every_minute.spec)
+    last = run("Passed", P0_ON, P1_ON, revision=revision)  # finished 5 s before NOW
+    case = Case(
+        every_minute,
+        stored(P0_ON, P1_ON, canary=last, last_good=revision),
+        observation(P0_ON, P1_ON),
+        last_good=LastGood(revision, every_minute.spec),
+    )
+    timed = decide(case).outcome
+    assert timed is not None and timed.result is ReconcileResult.READY
+    assert timed.canary_due_in == 55 and timed.sleep_seconds(600) == 55
+    assert Outcome(ReconcileResult.WAITING, retry_after=10, canary_due_in=55).sleep_seconds(600) == 10
+    assert Outcome(ReconcileResult.READY, leader_check_in=30).sleep_seconds(20) == 20
+
+
+def test_the_runs_own_events_come_first_after_the_run() -> None:
+    """A canary run's events (a pass over a benign divergence) are actions of the decision after it,
+    before its status write."""
+    case = CASES["pass: proven pods get traffic, last good recorded"]
+    benign = actions.PostEvent("CanaryBenignDivergence", "run run-2: 1 pair(s) passed over ...", "Normal")
+    assert case.fresh is not None
+    with_event = dataclasses.replace(case, fresh=dataclasses.replace(case.fresh, events=(benign,)))
+    decided = decide(with_event)
+    assert decided.actions[0] == benign
+    assert decided.actions[1:] == decide(case).actions
+
+
 def test_every_pod_says_why_it_serves_or_not() -> None:
     passed = decide(CASES["pass: proven pods get traffic, last good recorded"]).status.traffic
     assert passed is not None
@@ -466,7 +504,7 @@ def test_the_rollback_records_the_failed_revision_and_keeps_the_failed_run() -> 
     assert decided.status.canary is not None and decided.status.canary.verdict == "Failed"
     assert decided.status.out_of_traffic == [P1.name]
     # ... and the next pass chooses the last good spec.
-    choice = plan.choose_spec_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
+    choice = choose.choose_spec_revision(resource(on_failure="Rollback"), decided.status, LAST_GOOD_OLD_RB)
     assert (choice.revisions.serving, choice.revisions.failed) == (OLD_RB, NEW_RB)
     assert choice.spec.engine.image == OLD_IMAGE
 
@@ -486,19 +524,20 @@ def test_choose_revision(
     served: MooncakeServing, failed: str | None, last_good: LastGood | None, serving: str
 ) -> None:
     current = MooncakeServingStatus(failed_revision=failed, canary=run("Failed", P0, P1, revision=NEW_RB))
-    assert plan.choose_spec_revision(served, current, last_good).revisions.serving == serving
+    assert choose.choose_spec_revision(served, current, last_good).revisions.serving == serving
 
 
-def test_a_status_without_a_traffic_record_keeps_the_pods_the_last_pass_proved() -> None:
-    """A status written before traffic was recorded (an operator upgrade): no pod leaves traffic."""
+def test_only_the_recorded_traffic_says_who_serves() -> None:
+    """Who serves is read from status.traffic alone (no fallback to the last run's target): a status
+    without that record proves no pod, whatever its labels say."""
     current = MooncakeServingStatus(
         phase="Ready", canary=run("Passed", P0_ON, P1_ON), last_good_revision=NEW, out_of_traffic=[]
     )
     decided = decide(
         Case(resource(), current, observation(P0_ON, P1_ON), last_good=LastGood(NEW, resource().spec))
     )
-    assert labels(decided) == {}
-    assert decided.status.traffic is not None and decided.status.traffic.serving == 2
+    assert labels(decided) == {P0.name: "off", P1.name: "off"}
+    assert decided.status.traffic is not None and decided.status.traffic.serving == 0
 
 
 def test_an_invalid_spec_says_why_and_posts_an_event_when_what_is_wrong_changes() -> None:
@@ -522,7 +561,7 @@ def test_an_invalid_spec_says_why_and_posts_an_event_when_what_is_wrong_changes(
 def test_a_refused_child_keeps_the_phase_and_is_retried() -> None:
     stored = MooncakeServingStatus(phase="Ready", last_good_revision=NEW)
     refused = plan.apply_failed(
-        stored, "applying Service/demo failed: 422", generation=2, now=NOW, timing=TIMING
+        resource(), stored, "applying Service/demo failed: 422", generation=2, now=NOW, timing=TIMING
     )
     assert summary(refused.actions) == (("status", "Ready", "ApplyFailed"),)
     assert refused.status.last_good_revision == NEW  # every other field kept
@@ -536,9 +575,9 @@ def test_a_changed_last_good_record_is_not_trusted_and_a_rollback_says_so() -> N
     res = resource(on_failure="Rollback")
     record = last_good_manifest(res, resource(OLD_IMAGE, on_failure="Rollback").spec, owner_uid="u")
     current = stored(canary=OLD_PASS, last_good=OLD_RB)
-    trusted = plan.choose(res, current, record, ())
+    trusted = choose.choose(res, current, record, ())
     assert trusted.last_good == LAST_GOOD_OLD_RB and trusted.last_good_refused is None
-    edited = plan.choose(res, current.model_copy(update={"last_good_revision": "0123"}), record, ())
+    edited = choose.choose(res, current.model_copy(update={"last_good_revision": "0123"}), record, ())
     assert edited.last_good is None and edited.last_good_refused is not None
     assert "changed after the canary proved it" in edited.last_good_refused
     fresh = CanaryRun(run("Failed", P0, P1, revision=NEW_RB), blamed=(P1.name,))

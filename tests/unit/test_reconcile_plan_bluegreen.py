@@ -8,14 +8,24 @@ import pytest
 from tests.unit import test_reconcile_plan as base
 from tests.unit.test_reconcile_plan import MASTER, TIMING, labels, serving_entry, snapshot, summary
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing, MooncakeServingStatus, RolloutStatus, TrafficStatus
-from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile import plan
-from mooncake_operator.reconcile.actions import Decision, RemoveSets
-from mooncake_operator.reconcile.observe import LiveSet, MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun, SetChoice
-from mooncake_operator.reconcile.revisions import LastGood
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import MAX_NAME_LENGTH, MooncakeServing, parse_resource
+from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus, RolloutStatus, TrafficStatus
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.build.names import replica_set_name
+from mooncake_operator.build.replicas import replica_template_id
+from mooncake_operator.reconcile.decide import choose, plan
+from mooncake_operator.reconcile.decide.actions import Decision, ReconcileResult, RemoveSets
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
+from mooncake_operator.reconcile.decide.choose import SetChoice
+from mooncake_operator.reconcile.decide.observe import (
+    LiveSet,
+    MasterState,
+    Observation,
+    PodInfo,
+    ReplicaState,
+)
+from mooncake_operator.reconcile.decide.revisions import LastGood
 
 pytestmark = pytest.mark.unit
 
@@ -39,31 +49,31 @@ def resource(
     }
     if strategy is not None:
         spec["rollout"] = {"strategy": strategy}
-    return api.parse_resource(
+    return parse_resource(
         {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": "demo", "namespace": "ns", "generation": 2},
             "spec": spec,
         }
     )
 
 
-T_OLD = render.replica_template_id(resource(OLD_IMAGE))
-T_NEW = render.replica_template_id(resource(NEW_IMAGE))
+T_OLD = replica_template_id(resource(OLD_IMAGE))
+T_NEW = replica_template_id(resource(NEW_IMAGE))
 BLUE = "demo-replica"  # the first set
-GREEN = render.replica_set_name(resource(), T_NEW)
+GREEN = replica_set_name(resource(), T_NEW)
 
 
-def spec_hash(**changes: Any) -> str:
-    return render.spec_hash(resource(**changes).spec)
+def revision_of(**changes: Any) -> str:
+    return spec_hash(resource(**changes).spec)
 
 
-OLD, NEW = spec_hash(image=OLD_IMAGE), spec_hash()
-OLD_RB, NEW_RB = spec_hash(image=OLD_IMAGE, on_failure="Rollback"), spec_hash(on_failure="Rollback")
+OLD, NEW = revision_of(image=OLD_IMAGE), revision_of()
+OLD_RB, NEW_RB = revision_of(image=OLD_IMAGE, on_failure="Rollback"), revision_of(on_failure="Rollback")
 
 
-def run(verdict: str, *pods: PodInfo, revision: str = NEW, run_id: str = "run-2") -> api.CanaryStatus:
+def run(verdict: str, *pods: PodInfo, revision: str = NEW, run_id: str = "run-2") -> CanaryStatus:
     return base.run(verdict, *pods, revision=revision, run_id=run_id)
 
 
@@ -195,15 +205,15 @@ def test_choose_sets(
     template: str,
     expected: SetChoice,
 ) -> None:
-    assert plan.choose_sets(res, current, live, template) == expected
+    assert choose.choose_sets(res, current, live, template) == expected
 
 
 def test_candidate_names_fit_the_pod_label_limit() -> None:
     """A StatefulSet's pods carry controller-revision-hash "<set>-<10 chars>": at most 63 characters."""
     longest = resource().model_copy(
-        update={"metadata": resource().metadata.model_copy(update={"name": "n" * api.MAX_NAME_LENGTH})}
+        update={"metadata": resource().metadata.model_copy(update={"name": "n" * MAX_NAME_LENGTH})}
     )
-    name = render.replica_set_name(longest, T_NEW)
+    name = replica_set_name(longest, T_NEW)
     assert len(f"{name}-0123456789") <= 63
     assert GREEN != BLUE and GREEN.startswith("demo-r")
 
@@ -334,10 +344,10 @@ def test_a_failure_with_rollback_removes_the_candidate() -> None:
     assert (rollout.serving_set, rollout.candidate_set) == (BLUE, None)
     assert "Rollback" in rollout.message
     # The next pass renders the last good spec: its template is the serving set's, so no candidate.
-    after = plan.choose_spec_revision(res, decision.status, last_good)
-    template = render.replica_template_id(res.model_copy(update={"spec": after.spec}))
+    after = choose.choose_spec_revision(res, decision.status, last_good)
+    template = replica_template_id(res.model_copy(update={"spec": after.spec}))
     assert template == T_OLD
-    sets = plan.choose_sets(res, decision.status, [LiveSet(BLUE, T_OLD)], template)
+    sets = choose.choose_sets(res, decision.status, [LiveSet(BLUE, T_OLD)], template)
     assert sets == SetChoice("BlueGreen", BLUE)
 
 

@@ -1,5 +1,5 @@
 """The canary as the operator runs it: config and verdict policy from the spec (`canary_policy`), when it
-is due, blame, evidence (`reconcile.proof`)."""
+is due, blame, evidence (`decide.schedule`, `canary.status`)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,32 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import api, canary_policy
-from mooncake_operator.api import CanaryStatus
-from mooncake_operator.canary import CanaryResult, ChatAnswer, Mismatch, PairResult, customer_request
+from mooncake_operator.api.canary_spec import CanarySpec
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.spec import MooncakeServingSpec
+from mooncake_operator.api.status import CanaryStatus, CanaryTarget
+from mooncake_operator.canary import policy
 from mooncake_operator.canary.models import (
+    CanaryResult,
+    ChatAnswer,
     Comparison,
     ComparisonMode,
     Divergence,
     DivergenceKind,
     ErrorKind,
+    Mismatch,
+    PairResult,
     Verdict,
 )
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile import proof
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.status import (
+    benign_divergence_message,
+    blamed_replicas,
+    canary_status,
+    format_time,
+)
+from mooncake_operator.reconcile.decide.canary_run import judge, not_run
+from mooncake_operator.reconcile.decide.schedule import canary_due, current_target, interval_due_in
 
 pytestmark = pytest.mark.unit
 
@@ -29,13 +42,13 @@ URLS = ["http://a:8000", "http://b:8000"]
 PODS = ["x-replica-0", "x-replica-1"]
 
 
-def spec_with(**canary: Any) -> api.MooncakeServingSpec:
+def spec_with(**canary: Any) -> MooncakeServingSpec:
     wire = customer_deployment().spec.to_wire()
     wire["canary"] = {**wire["canary"], **canary}
-    return api.MooncakeServingSpec.model_validate(wire)
+    return MooncakeServingSpec.model_validate(wire)
 
 
-def target(**changes: Any) -> api.CanaryTarget:
+def target(**changes: Any) -> CanaryTarget:
     base: dict[str, Any] = {
         "revision": "r1",
         "generation": 1,
@@ -44,21 +57,21 @@ def target(**changes: Any) -> api.CanaryTarget:
         "master_restarts": 0,
         "rerun": None,
     }
-    return proof.current_target(**{**base, **changes})
+    return current_target(**{**base, **changes})
 
 
 def last_run(verdict: str = "Passed", finished: datetime = NOW, **target_changes: Any) -> CanaryStatus:
     return CanaryStatus(
         run_id="run",
         verdict=verdict,
-        finished_at=proof.format_time(finished),
+        finished_at=format_time(finished),
         target=target(**target_changes),
     )
 
 
 def test_the_config_follows_the_spec() -> None:
     spec = customer_deployment().spec
-    config = canary_policy.canary_config(spec, URLS)
+    config = policy.canary_config(spec, URLS)
     assert config.replicas == URLS
     assert config.request == {**customer_request(), "model": spec.model.name}
     assert (config.block_size, config.eagle, config.pairs, config.request_timeout_s) == (
@@ -72,20 +85,20 @@ def test_the_config_follows_the_spec() -> None:
         expectations=[{"kind": "contains", "text": "hello"}],
         pairs="first",
     )
-    config = canary_policy.canary_config(own, URLS)
+    config = policy.canary_config(own, URLS)
     assert config.request == {"messages": [{"role": "user", "content": "hi"}], "model": spec.model.name}
     assert [e.describe() for e in config.expectations] == [
-        e.describe() for e in canary_policy.canary_expectations(own) or []
+        e.describe() for e in policy.canary_expectations(own) or []
     ]
     assert config.pairs == "first"
-    assert canary_policy.canary_config(spec_with(expectations=[]), URLS).expectations == []
+    assert policy.canary_config(spec_with(expectations=[]), URLS).expectations == []
 
 
 def test_the_config_takes_the_body_caps_from_the_spec() -> None:
     capped = spec_with(maxChatBodyBytes=8 << 20, maxMetricsBodyBytes=32 << 20)
-    config = canary_policy.canary_config(capped, URLS)
+    config = policy.canary_config(capped, URLS)
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8 << 20, 32 << 20)
-    default = canary_policy.canary_config(spec_with(), URLS)
+    default = policy.canary_config(spec_with(), URLS)
     assert (default.max_chat_body_bytes, default.max_metrics_body_bytes) == (4 << 20, 16 << 20)
 
 
@@ -106,14 +119,14 @@ def test_the_config_takes_the_body_caps_from_the_spec() -> None:
         (last_run(), target(), None),
     ],
 )
-def test_canary_due(last: CanaryStatus | None, now_target: api.CanaryTarget, expected: str | None) -> None:
-    why = proof.canary_due(last, now_target, now=NOW, interval_seconds=None, inconclusive_retry_seconds=60)
+def test_canary_due(last: CanaryStatus | None, now_target: CanaryTarget, expected: str | None) -> None:
+    why = canary_due(last, now_target, now=NOW, interval_seconds=None, inconclusive_retry_seconds=60)
     assert (why is None) if expected is None else (why is not None and expected in why)
 
 
 def test_interval_and_inconclusive_retry() -> None:
     earlier = NOW - timedelta(seconds=30)
-    due = proof.canary_due
+    due = canary_due
     assert (
         due(last_run(finished=earlier), target(), now=NOW, interval_seconds=60, inconclusive_retry_seconds=60)
         is None
@@ -169,18 +182,18 @@ def result(*pairs: PairResult, verdict: Verdict = Verdict.FAILED) -> CanaryResul
 
 def test_a_wrong_warm_answer_blames_the_reader() -> None:
     run = result(pair(0, Verdict.FAILED), pair(1, Verdict.PASSED))
-    assert proof.blamed_replicas(run, PODS) == ["x-replica-1"]
+    assert blamed_replicas(run, PODS) == ["x-replica-1"]
 
 
 def test_a_failed_cold_request_blames_the_writer_only() -> None:
     cold = answer(URLS[1], None, error_kind=ErrorKind.HTTP_STATUS, error="HTTP 500")
     run = result(pair(0, Verdict.PASSED), pair(1, Verdict.FAILED, cold=cold, warm=None))
-    assert proof.blamed_replicas(run, PODS) == ["x-replica-1"]
+    assert blamed_replicas(run, PODS) == ["x-replica-1"]
 
 
 def test_a_wrong_cold_answer_blames_both() -> None:
     run = result(pair(0, Verdict.FAILED, expectation_violations=["cold answer: x", "warm answer: x"]))
-    assert proof.blamed_replicas(run, PODS) == ["x-replica-0", "x-replica-1"]
+    assert blamed_replicas(run, PODS) == ["x-replica-0", "x-replica-1"]
 
 
 def test_without_require_external_hit_equal_answers_pass() -> None:
@@ -189,15 +202,15 @@ def test_without_require_external_hit_equal_answers_pass() -> None:
         pair(1, Verdict.PASSED),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert canary_policy.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
-    assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    assert policy.effective_verdict(unproven, require_external_hit=True) is Verdict.INCONCLUSIVE
+    assert policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     unreachable = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=None, connection_error="refused"),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert canary_policy.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
+    assert policy.effective_verdict(unreachable, require_external_hit=False) is Verdict.INCONCLUSIVE
     failed = result(pair(0, Verdict.FAILED))
-    assert canary_policy.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
+    assert policy.effective_verdict(failed, require_external_hit=False) is Verdict.FAILED
 
 
 def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
@@ -211,7 +224,7 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
             "warm": warm.model_copy(update={"latency_s": 0.5}),
         }
     )
-    status = proof.canary_status(
+    status = canary_status(
         result(failing, pair(1, Verdict.PASSED, external_hit_tokens=-4)),
         verdict=Verdict.FAILED,
         target=target(),
@@ -230,9 +243,9 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
 
 
 def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
-    default = canary_policy.canary_config(spec_with(), URLS)
+    default = policy.canary_config(spec_with(), URLS)
     assert default.comparison == Comparison() and default.suite == "default"
-    own = canary_policy.canary_config(
+    own = policy.canary_config(
         spec_with(
             comparison={"mode": "exact", "topK": 3, "maxTieGapNats": 0.2, "maxDriftNats": 0.05},
             suite=[{"name": "short", "request": {"messages": [{"role": "user", "content": "hi"}]}}],
@@ -244,7 +257,7 @@ def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
     )
     assert isinstance(own.suite, list) and own.suite[0].name == "short"
     assert own.suite[0].request["model"] == customer_deployment().spec.model.name
-    assert canary_policy.canary_config(spec_with(suite=[]), URLS).suite == "off"
+    assert policy.canary_config(spec_with(suite=[]), URLS).suite == "off"
 
 
 @pytest.mark.parametrize(
@@ -296,22 +309,20 @@ def test_a_benign_divergence_is_in_the_status_and_the_event_message() -> None:
         pair(1, Verdict.PASSED),
         verdict=Verdict.PASSED,
     )
-    status = proof.canary_status(run, verdict=Verdict.PASSED, target=target(), pod_names=PODS)
+    status = canary_status(run, verdict=Verdict.PASSED, target=target(), pod_names=PODS)
     evidence = status.pairs[0].divergence
     assert evidence is not None and evidence.kind == "benign"
     assert (evidence.position, evidence.cold_token, evidence.warm_token) == (3, " is", " was")
     assert (evidence.cold_gap_nats, evidence.warm_gap_nats, evidence.max_drift_nats) == (0.05, 0.04, 0.01)
     assert status.pairs[0].request == "block-end"
     assert status.to_wire()["pairs"][0]["divergence"]["coldGapNats"] == 0.05
-    message = proof.benign_divergence_message(run, PODS)
+    message = benign_divergence_message(run, PODS)
     assert message is not None
     assert message.startswith(
         "run run1: 1 pair(s) passed over a benign divergence; block-end x-replica-0 -> x-replica-1"
     )
     assert "cold ' is', warm ' was'" in message
-    assert (
-        proof.benign_divergence_message(result(pair(0, Verdict.PASSED), verdict=Verdict.PASSED), PODS) is None
-    )
+    assert benign_divergence_message(result(pair(0, Verdict.PASSED), verdict=Verdict.PASSED), PODS) is None
 
 
 def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> None:
@@ -319,9 +330,58 @@ def test_without_require_external_hit_a_benign_divergence_counts_as_equal() -> N
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=BENIGN, only_load_unproven=True),
         verdict=Verdict.INCONCLUSIVE,
     )
-    assert canary_policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
+    assert policy.effective_verdict(unproven, require_external_hit=False) is Verdict.PASSED
     corrupt = BENIGN.model_copy(update={"kind": DivergenceKind.CORRUPTION})
     failing = result(
         pair(0, Verdict.INCONCLUSIVE, answers_equal=False, divergence=corrupt), verdict=Verdict.INCONCLUSIVE
     )
-    assert canary_policy.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE
+    assert policy.effective_verdict(failing, require_external_hit=False) is Verdict.INCONCLUSIVE
+
+
+def test_the_canary_interval_is_due_counted_from_the_last_finished_run() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def finished(seconds_ago: int) -> CanaryStatus:
+        at = (now - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return CanaryStatus(run_id="r", verdict="Passed", finished_at=at)
+
+    every_minute = CanarySpec(interval_seconds=60)
+    assert interval_due_in(every_minute, finished(45), now) == 15
+    assert interval_due_in(every_minute, finished(75), now) is None  # just handled
+    assert interval_due_in(CanarySpec(), finished(45), now) is None
+    assert interval_due_in(every_minute, None, now) is None
+    assert interval_due_in(CanarySpec(enabled=False, interval_seconds=60), finished(45), now) is None
+
+
+def test_a_finished_run_is_judged_under_the_specs_policy() -> None:
+    """decide.canary_run.judge: the verdict the spec's policy records, the pods a failure blames, and the
+    benign-divergence Event as an action; nothing blamed and no Event otherwise."""
+    failed = judge(
+        result(pair(0, Verdict.FAILED), pair(1, Verdict.PASSED)), spec_with(), target=target(), pod_names=PODS
+    )
+    assert (failed.canary.verdict, failed.blamed, failed.events) == ("Failed", ("x-replica-1",), ())
+    unproven = result(
+        pair(0, Verdict.INCONCLUSIVE, answers_equal=True, only_load_unproven=True),
+        verdict=Verdict.INCONCLUSIVE,
+    )
+    lenient = judge(unproven, spec_with(requireExternalHit=False), target=target(), pod_names=PODS)
+    assert (lenient.canary.verdict, lenient.blamed) == ("Passed", ())
+    assert judge(unproven, spec_with(), target=target(), pod_names=PODS).canary.verdict == "Inconclusive"
+    benign = result(
+        pair(0, Verdict.PASSED, answers_equal=False, divergence=BENIGN),
+        pair(1, Verdict.PASSED),
+        verdict=Verdict.PASSED,
+    )
+    [event] = judge(benign, spec_with(), target=target(), pod_names=PODS).events
+    assert (event.reason, event.type) == ("CanaryBenignDivergence", "Normal")
+    assert event.message == benign_divergence_message(benign, PODS)
+
+
+def test_a_run_that_could_not_run_is_inconclusive() -> None:
+    run = not_run("no replica pod has an IP", run_id="not-run", now=NOW, target=target())
+    assert (run.canary.verdict, run.canary.reason, run.blamed, run.events) == (
+        "Inconclusive",
+        "no replica pod has an IP",
+        (),
+        (),
+    )

@@ -7,16 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from mooncake_operator import render
-from mooncake_operator.conditions import READY
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile import status
-from mooncake_operator.reconcile.revisions import SPEC_KEY, last_good_manifest, verified_last_good
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.reconcile.decide import status
+from mooncake_operator.reconcile.decide.conditions import READY
+from mooncake_operator.reconcile.decide.revisions import SPEC_KEY, last_good_manifest, verified_last_good
 
 pytestmark = pytest.mark.unit
 
 RESOURCE = customer_deployment()
-GOOD = render.spec_hash(RESOURCE.spec)
+GOOD = spec_hash(RESOURCE.spec)
 
 
 def stored(spec_json: str | None = None) -> dict[str, object]:

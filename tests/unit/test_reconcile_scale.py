@@ -6,22 +6,24 @@ from __future__ import annotations
 import pytest
 from tests.unit.test_reconcile_plan import MASTER, labels, pod, run, snapshot, stored, summary
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing
-from mooncake_operator.reconcile import plan
-from mooncake_operator.reconcile.actions import Decision
-from mooncake_operator.reconcile.observe import MasterState, Observation, ReplicaState
-from mooncake_operator.reconcile.plan import CanaryRun
-from mooncake_operator.reconcile.revisions import LastGood
+from mooncake_operator.api.group import API_VERSION, KIND
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.build.names import TRAFFIC_ON
+from mooncake_operator.reconcile.decide import plan
+from mooncake_operator.reconcile.decide.actions import Decision
+from mooncake_operator.reconcile.decide.canary_run import CanaryRun
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, ReplicaState
+from mooncake_operator.reconcile.decide.revisions import LastGood
 
 pytestmark = pytest.mark.unit
 
 
 def scaled(replicas: int) -> MooncakeServing:
-    return api.parse_resource(
+    return parse_resource(
         {
-            "apiVersion": api.API_VERSION,
-            "kind": api.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": "demo", "namespace": "ns", "generation": 3},
             "spec": {
                 "model": {"name": "tiny", "revision": "r1"},
@@ -34,7 +36,7 @@ def scaled(replicas: int) -> MooncakeServing:
 
 
 TWO, THREE = scaled(2), scaled(3)
-AT_TWO, AT_THREE = render.spec_hash(TWO.spec), render.spec_hash(THREE.spec)
+AT_TWO, AT_THREE = spec_hash(TWO.spec), spec_hash(THREE.spec)
 # The two replicas serve, proven by run-1 at the two-replica revision; replica 2 is the scale-up's.
 P0, P1, P2 = pod(0, traffic="on"), pod(1, traffic="on"), pod(2)
 
@@ -68,12 +70,12 @@ def test_a_new_replica_waits_for_a_canary_and_the_proven_ones_keep_serving() -> 
 
 def test_the_canary_covering_the_new_replica_puts_it_in_traffic() -> None:
     after = decide(fresh=CanaryRun(run("Passed", P0, P1, P2, revision=AT_THREE, run_id="run-2")))
-    assert labels(after) == {P2.name: render.TRAFFIC_ON}
+    assert labels(after) == {P2.name: TRAFFIC_ON}
     assert summary(after.actions) == (
         ("record", AT_THREE),
         ("status", "Ready", "Ready"),
         ("event", "Ready", "Normal"),
-        ("traffic", {P2.name: render.TRAFFIC_ON}),
+        ("traffic", {P2.name: TRAFFIC_ON}),
     )
     assert after.status.phase == "Ready"
     assert after.status.traffic is not None and after.status.traffic.serving == 3

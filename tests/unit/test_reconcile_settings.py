@@ -9,11 +9,13 @@ from pathlib import Path
 import kopf
 import pytest
 
-from mooncake_operator import api
-from mooncake_operator.cli import build_parser
-from mooncake_operator.commands.run import settings_from
-from mooncake_operator.kube import KubeConfig
-from mooncake_operator.operator_settings import (
+from mooncake_operator.cli.main import build_parser
+from mooncake_operator.cli.run import lease_settings_from, settings_from
+from mooncake_operator.kube.config import KubeConfig
+from mooncake_operator.reconcile.act.worker import log_outcome
+from mooncake_operator.reconcile.decide.actions import Outcome, ReconcileResult
+from mooncake_operator.runtime.lease import LeaseSettings
+from mooncake_operator.runtime.settings import (
     OperatorSettings,
     SettingsError,
     configure_kopf,
@@ -21,8 +23,6 @@ from mooncake_operator.operator_settings import (
     load_replica_endpoints,
     parse_replica_endpoints,
 )
-from mooncake_operator.reconcile import Outcome, ReconcileResult
-from mooncake_operator.reconcile.worker import log_outcome
 
 pytestmark = pytest.mark.unit
 
@@ -90,6 +90,23 @@ def test_run_flags_become_settings(tmp_path: Path) -> None:
     assert settings.endpoints_for("ns", "other") is None
 
 
+def test_runs_flag_defaults_are_the_settings_defaults(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run` restates no default: without flags it yields OperatorSettings() and LeaseSettings' own, and
+    its --help shows them."""
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    args = build_parser().parse_args(["run"])
+    assert settings_from(args) == OperatorSettings()
+    lease = lease_settings_from(args, OperatorSettings(kube=KubeConfig(server="https://127.0.0.1:1")))
+    assert lease == LeaseSettings(namespace="default")
+    with pytest.raises(SystemExit):
+        build_parser(["run"]).parse_args(["run", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "even without a change (default: 600; changes" in shown
+    assert f"(default: {LeaseSettings(namespace='x').duration_seconds}). The leader renews" in shown
+
+
 def test_the_operator_namespace_comes_from_the_flag_else_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("POD_NAMESPACE", raising=False)
     assert settings_from(build_parser().parse_args(["run"])).operator_namespace == "mooncake-system"
@@ -104,8 +121,6 @@ def test_the_operator_namespace_comes_from_the_flag_else_the_pod(monkeypatch: py
 def test_kopf_settings() -> None:
     settings = kopf.OperatorSettings()
     configure_kopf(settings, OperatorSettings(watch_timeout_seconds=300, request_timeout_seconds=20))
-    # The finalizer an older operator added: kopf removes it, as no handler needs one.
-    assert settings.persistence.finalizer == api.LEGACY_FINALIZER == "serving.mooncake-operator.dev/finalizer"
     assert settings.peering.standalone is True
     assert settings.watching.server_timeout == 300 and settings.watching.client_timeout == 330
     assert settings.networking.request_timeout == 20

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_operator.api import CanaryStatus, CanaryTarget
-from mooncake_operator.conditions import READY
-from mooncake_operator.reconcile import status
-from mooncake_operator.reconcile.observe import MasterState, Observation, PodInfo, ReplicaState
-from mooncake_operator.reconcile.status import SpecRevisions, merge_patch, without_empty_strings
+from mooncake_operator.api.status import CanaryStatus, CanaryTarget
+from mooncake_operator.reconcile.decide import status
+from mooncake_operator.reconcile.decide.conditions import READY
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, PodInfo, ReplicaState
+from mooncake_operator.reconcile.decide.status import SpecRevisions, merge_patch, without_empty_strings
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,9 @@
 """The pure renderer: golden manifests, offline schema validation, and the properties each child must have.
 
-Golden files live in tests/unit/golden/. After an intended change, regenerate them with
-    MOONCAKE_OPERATOR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_render.py
+Golden files of whole renders live in tests/unit/golden/, those of each builder module in
+tests/unit/builders/golden/ (tests/unit/builders/test_build_<module>.py). After an intended change,
+regenerate them with
+    MOONCAKE_OPERATOR_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/unit/test_render.py tests/unit/builders
 and review the diff before committing.
 """
 
@@ -16,109 +18,44 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from tests.unit.builders.cases import CASES, OWNER_UID, example_dict, small_variant
 from tests.unit.customer_seed import CUSTOMER_ARGV, CUSTOMER_ENV, CUSTOMER_STORE_JSON
 
-from mooncake_operator import render
-from mooncake_operator.api import MooncakeServing, parse_resource
-from mooncake_operator.cli import main
-from mooncake_operator.engine_args import kv_fingerprint, replica_launch
-from mooncake_operator.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.quantities import format_bytes
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.build.digests import spec_hash
+from mooncake_operator.build.engine_args import kv_fingerprint, replica_launch
+from mooncake_operator.build.manifests import render_all, to_yaml_stream
+from mooncake_operator.build.master import master_deployment
+from mooncake_operator.build.names import (
+    CONFIG_HASH_ANNOTATION,
+    REPLICA_SET_LABEL,
+    TEMPLATE_ANNOTATION,
+    TRAFFIC_LABEL,
+    TRAFFIC_OFF,
+    TRAFFIC_ON,
+    replica_pod_names,
+    replica_set_name,
+    replica_urls,
+)
+from mooncake_operator.build.replicas import ReplicaTemplate, replica_stateful_set, replica_template_id
+from mooncake_operator.build.services import client_service, headless_service
+from mooncake_operator.build.store_config import master_address, store_config_map
+from mooncake_operator.cli.main import main
 
 pytestmark = pytest.mark.unit
 
 GOLDEN = Path(__file__).parent / "golden"
-RDMA_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "minimax-m2.5-eagle3-rdma.yaml"
 UPDATE = os.environ.get("MOONCAKE_OPERATOR_UPDATE_GOLDEN") == "1"
-OWNER_UID = "5b0c1d7e-0000-4000-8000-000000000001"
+
 # The oldest and newest Kubernetes schemas kubernetes-validate ships (offline, in the package).
 KUBERNETES_VERSIONS = ("1.25.0", "1.37.0")
 
 
-def example_dict() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
-    return loaded
-
-
-def small_variant() -> MooncakeServing:
-    """Everything the example does not use: PVC cache, no Eagle, rdma, no canary, one replica, extras."""
-    obj = example_dict()
-    obj["metadata"] = {"name": "small", "namespace": "serving"}
-    spec = obj["spec"]
-    del spec["speculative"]
-    spec["replicas"] = 1
-    spec["canary"] = {"enabled": False}
-    spec["model"] = {"name": "org/model", "cache": {"existingClaim": "hf-cache"}}
-    spec["engine"] = {
-        "image": "engine:1",
-        "extraArgs": ["--enable-prompt-tokens-details"],
-        "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
-        "sharedMemorySize": "16Gi",
-        "port": 8080,
-    }
-    spec["store"] = {
-        "protocol": "rdma",
-        "deviceName": "mlx5_0",
-        "globalSegmentSize": "512MB",
-        "localBufferSize": "128MB",
-        "loadAsync": False,
-        "master": {"image": "master:1", "rpcPort": 6000, "metricsPort": 6001},
-        # /dev/infiniband from the node, the host network, the runtime's memlock limit
-        "rdma": {"hostDevices": True, "hostNetwork": True, "memlock": "Runtime"},
-    }
-    spec["engine"]["extraEnv"].append(
-        {"name": "API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api", "optional": True}}}
-    )
-    spec["imagePullSecrets"] = [{"name": "regcred"}]
-    spec["podMetadata"] = {"labels": {"team": "a"}, "annotations": {"example.com/owner": "team-a"}}
-    spec["networkPolicy"] = {
-        "operator": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}}},
-        "clients": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
-    }
-    return parse_resource(obj)
-
-
-def ha_managed() -> MooncakeServing:
-    """The customer's deployment with highly available masters and the operator-run etcd (3 members)."""
-    obj = example_dict()
-    ha = {"enabled": True, "etcd": {"managed": {"replicas": 3}}}
-    obj["spec"]["store"]["master"]["highAvailability"] = ha
-    return parse_resource(obj)
-
-
-def ha_external_tls() -> MooncakeServing:
-    """Highly available masters electing through the user's etcd over https (CA from a Secret)."""
-    obj = example_dict()
-    obj["spec"]["store"]["master"]["highAvailability"] = {
-        "enabled": True,
-        "replicas": 5,
-        "enableOplog": False,
-        "etcd": {
-            "external": {
-                "endpoints": ["etcd-0.etcd.infra.svc:2379", "etcd-1.etcd.infra.svc:2379"],
-                "tls": {"caSecretRef": {"name": "etcd-ca"}},
-            }
-        },
-    }
-    return parse_resource(obj)
-
-
-def rdma_example() -> MooncakeServing:
-    """examples/minimax-m2.5-eagle3-rdma.yaml: RDMA device plugin, Multus, per-replica claims, placement."""
-    return parse_resource(yaml.safe_load(RDMA_EXAMPLE.read_text(encoding="utf-8")))
-
-
-CASES = {
-    "minimax-m2.5-eagle3": customer_deployment,
-    "small-variant": small_variant,
-    "ha-managed-etcd": ha_managed,
-    "ha-external-etcd-tls": ha_external_tls,
-    "minimax-m2.5-eagle3-rdma": rdma_example,
-}
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_rendered_manifests_match_the_golden_file(case: str) -> None:
-    rendered = render.to_yaml_stream(render.render_all(CASES[case](), owner_uid=OWNER_UID))
+    rendered = to_yaml_stream(render_all(CASES[case](), owner_uid=OWNER_UID))
     path = GOLDEN / f"{case}.yaml"
     if UPDATE:
         GOLDEN.mkdir(exist_ok=True)
@@ -134,7 +71,7 @@ def all_manifests() -> list[tuple[str, dict[str, Any]]]:
     return [
         (f"{case}/{manifest['kind']}/{manifest['metadata']['name']}", manifest)
         for case, build in sorted(CASES.items())
-        for manifest in render.render_all(build(), owner_uid=OWNER_UID)
+        for manifest in render_all(build(), owner_uid=OWNER_UID)
     ]
 
 
@@ -147,7 +84,7 @@ def test_every_rendered_object_is_valid_kubernetes(
 
 
 def test_offline_validation_does_catch_a_bad_manifest() -> None:
-    stateful_set = render.replica_stateful_set(customer_deployment(), owner_uid=OWNER_UID)
+    stateful_set = replica_stateful_set(customer_deployment(), owner_uid=OWNER_UID)
     stateful_set["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(stateful_set, KUBERNETES_VERSIONS[-1], strict=True)
@@ -155,7 +92,7 @@ def test_offline_validation_does_catch_a_bad_manifest() -> None:
 
 def test_children_in_apply_order_with_stable_names() -> None:
     kinds_and_names = [
-        (m["kind"], m["metadata"]["name"]) for m in render.render_all(customer_deployment(), owner_uid="u")
+        (m["kind"], m["metadata"]["name"]) for m in render_all(customer_deployment(), owner_uid="u")
     ]
     assert kinds_and_names == [
         ("NetworkPolicy", "minimax-m25-master"),
@@ -172,7 +109,7 @@ def test_children_in_apply_order_with_stable_names() -> None:
 
 def test_every_child_is_owned_labelled_and_namespaced() -> None:
     resource = customer_deployment()
-    for manifest in render.render_all(resource, owner_uid=OWNER_UID):
+    for manifest in render_all(resource, owner_uid=OWNER_UID):
         meta = manifest["metadata"]
         assert meta["namespace"] == "default"
         assert meta["ownerReferences"] == [
@@ -192,12 +129,12 @@ def test_every_child_is_owned_labelled_and_namespaced() -> None:
 
 
 def test_without_an_owner_uid_there_is_no_owner_reference() -> None:
-    for manifest in render.render_all(customer_deployment(), owner_uid=None):
+    for manifest in render_all(customer_deployment(), owner_uid=None):
         assert "ownerReferences" not in manifest["metadata"]
 
 
 def replica_container(resource: MooncakeServing) -> dict[str, Any]:
-    stateful_set = render.replica_stateful_set(resource, owner_uid=OWNER_UID)
+    stateful_set = replica_stateful_set(resource, owner_uid=OWNER_UID)
     container: dict[str, Any] = stateful_set["spec"]["template"]["spec"]["containers"][0]
     return container
 
@@ -215,12 +152,12 @@ def test_replica_command_is_the_customers_argv_item_by_item() -> None:
 
 def test_replica_command_comes_from_engine_args() -> None:
     resource = small_variant()
-    launch = replica_launch(resource.spec, master_address=render.master_address(resource), port=8080)
+    launch = replica_launch(resource.spec, master_address=master_address(resource), port=8080)
     assert replica_container(resource)["command"] == list(launch.argv)
 
 
 def test_store_config_map_is_the_customers_json_with_the_master_service_address() -> None:
-    config_map = render.store_config_map(customer_deployment(), owner_uid=OWNER_UID)
+    config_map = store_config_map(customer_deployment(), owner_uid=OWNER_UID)
     text = config_map["data"]["mooncake_store.json"]
     ours, theirs = json.loads(text), json.loads(CUSTOMER_STORE_JSON)
     assert list(ours) == list(theirs)
@@ -239,9 +176,9 @@ def test_replica_env_mounts_and_secret() -> None:
     assert env["HF_TOKEN_PATH"] == {"name": "HF_TOKEN_PATH", "value": "/etc/mooncake/hf-token/token"}
     volumes = {
         v["name"]: v
-        for v in render.replica_stateful_set(customer_deployment(), owner_uid=None)["spec"]["template"][
-            "spec"
-        ]["volumes"]
+        for v in replica_stateful_set(customer_deployment(), owner_uid=None)["spec"]["template"]["spec"][
+            "volumes"
+        ]
     }
     assert volumes["hf-token"]["secret"] == {
         "secretName": "hf-token",
@@ -258,7 +195,7 @@ def test_replica_env_mounts_and_secret() -> None:
 
 def test_volumes_shm_is_memory_backed_and_cache_is_ephemeral_or_a_claim() -> None:
     def volumes(resource: MooncakeServing) -> dict[str, dict[str, Any]]:
-        stateful_set = render.replica_stateful_set(resource, owner_uid=OWNER_UID)
+        stateful_set = replica_stateful_set(resource, owner_uid=OWNER_UID)
         return {v["name"]: v for v in stateful_set["spec"]["template"]["spec"]["volumes"]}
 
     example = volumes(customer_deployment())
@@ -300,7 +237,7 @@ def test_probes_watch_health() -> None:
 
 
 def test_master_runs_from_the_engine_image_with_its_ports() -> None:
-    deployment = render.master_deployment(customer_deployment(), owner_uid=OWNER_UID)
+    deployment = master_deployment(customer_deployment(), owner_uid=OWNER_UID)
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -311,18 +248,16 @@ def test_master_runs_from_the_engine_image_with_its_ports() -> None:
     assert container["readinessProbe"] and container["livenessProbe"]
     assert container["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
     assert (
-        render.master_deployment(small_variant(), owner_uid=None)["spec"]["template"]["spec"]["containers"][
-            0
-        ]["image"]
+        master_deployment(small_variant(), owner_uid=None)["spec"]["template"]["spec"]["containers"][0][
+            "image"
+        ]
         == "master:1"
     )
 
 
 def test_selectors_match_the_pods_they_are_for() -> None:
     resource = customer_deployment()
-    by_name = {
-        (m["kind"], m["metadata"]["name"]): m for m in render.render_all(resource, owner_uid=OWNER_UID)
-    }
+    by_name = {(m["kind"], m["metadata"]["name"]): m for m in render_all(resource, owner_uid=OWNER_UID)}
     stateful_set = by_name[("StatefulSet", "minimax-m25-replica")]
     pod_labels = stateful_set["spec"]["template"]["metadata"]["labels"]
     master = by_name[("Deployment", "minimax-m25-master")]
@@ -333,7 +268,7 @@ def test_selectors_match_the_pods_they_are_for() -> None:
 
     assert selects(stateful_set["spec"]["selector"]["matchLabels"], pod_labels)
     assert selects(by_name[("Service", "minimax-m25-replicas")]["spec"]["selector"], pod_labels)
-    proven = {**pod_labels, render.TRAFFIC_LABEL: render.TRAFFIC_ON}  # what the operator sets once proven
+    proven = {**pod_labels, TRAFFIC_LABEL: TRAFFIC_ON}  # what the operator sets once proven
     assert selects(by_name[("Service", "minimax-m25")]["spec"]["selector"], proven)
     assert selects(by_name[("Service", "minimax-m25-master")]["spec"]["selector"], master_pod_labels)
     assert not selects(by_name[("Service", "minimax-m25-master")]["spec"]["selector"], pod_labels)
@@ -343,15 +278,13 @@ def test_selectors_match_the_pods_they_are_for() -> None:
 
 def test_replica_pods_start_out_of_the_client_service_and_the_label_alone_decides() -> None:
     resource = customer_deployment()
-    pod_labels = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"][
-        "labels"
-    ]
-    assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_OFF  # off until a canary proves the pod
+    pod_labels = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels[TRAFFIC_LABEL] == TRAFFIC_OFF  # off until a canary proves the pod
     off = pod_labels
-    on = {**pod_labels, render.TRAFFIC_LABEL: render.TRAFFIC_ON}
-    client = render.client_service(resource, owner_uid=None)["spec"]["selector"]
-    headless = render.headless_service(resource, owner_uid=None)["spec"]["selector"]
-    stateful_set = render.replica_stateful_set(resource, owner_uid=None)["spec"]["selector"]["matchLabels"]
+    on = {**pod_labels, TRAFFIC_LABEL: TRAFFIC_ON}
+    client = client_service(resource, owner_uid=None)["spec"]["selector"]
+    headless = headless_service(resource, owner_uid=None)["spec"]["selector"]
+    stateful_set = replica_stateful_set(resource, owner_uid=None)["spec"]["selector"]["matchLabels"]
     assert not all(off.get(k) == v for k, v in client.items())  # out of user traffic
     assert all(off.get(k) == v for k, v in headless.items())  # still reachable by the canary
     assert all(off.get(k) == v for k, v in stateful_set.items())  # still owned by its StatefulSet
@@ -371,55 +304,55 @@ def with_spec(change: dict[str, Any]) -> MooncakeServing:
 
 
 def template_annotations(resource: MooncakeServing) -> dict[str, str]:
-    annotations: dict[str, str] = render.replica_stateful_set(resource, owner_uid=None)["spec"]["template"][
+    annotations: dict[str, str] = replica_stateful_set(resource, owner_uid=None)["spec"]["template"][
         "metadata"
     ]["annotations"]
     return annotations
 
 
 def test_a_store_config_change_changes_the_pod_template_hash() -> None:
-    base = template_annotations(customer_deployment())[render.CONFIG_HASH_ANNOTATION]
-    assert template_annotations(customer_deployment())[render.CONFIG_HASH_ANNOTATION] == base
+    base = template_annotations(customer_deployment())[CONFIG_HASH_ANNOTATION]
+    assert template_annotations(customer_deployment())[CONFIG_HASH_ANNOTATION] == base
     for change in (
         {"store.globalSegmentSize": "40GB"},
         {"store.enableOffload": True},
         {"store.master.rpcPort": 50052},
     ):
-        assert template_annotations(with_spec(change))[render.CONFIG_HASH_ANNOTATION] != base, change
-    assert template_annotations(with_spec({"replicas": 3}))[render.CONFIG_HASH_ANNOTATION] == base
+        assert template_annotations(with_spec(change))[CONFIG_HASH_ANNOTATION] != base, change
+    assert template_annotations(with_spec({"replicas": 3}))[CONFIG_HASH_ANNOTATION] == base
 
 
 def test_replica_urls_address_every_pod_through_the_headless_service() -> None:
     resource = with_spec({"replicas": 3})
-    assert render.replica_pod_names(resource) == [f"minimax-m25-replica-{i}" for i in range(3)]
-    assert render.replica_urls(resource) == [
+    assert replica_pod_names(resource) == [f"minimax-m25-replica-{i}" for i in range(3)]
+    assert replica_urls(resource) == [
         f"http://minimax-m25-replica-{i}.minimax-m25-replicas.default.svc:8000" for i in range(3)
     ]
 
 
 def test_builders_are_pure_and_return_fresh_objects() -> None:
     resource = customer_deployment()
-    first = render.render_all(resource, owner_uid=OWNER_UID)
+    first = render_all(resource, owner_uid=OWNER_UID)
     snapshot = copy.deepcopy(first)
     kinds = [manifest["kind"] for manifest in first]
     stateful_set, deployment = first[kinds.index("StatefulSet")], first[kinds.index("Deployment")]
     stateful_set["spec"]["template"]["metadata"]["labels"]["mutated"] = "yes"
     deployment["metadata"]["labels"]["mutated"] = "yes"
-    assert render.render_all(resource, owner_uid=OWNER_UID) == snapshot
+    assert render_all(resource, owner_uid=OWNER_UID) == snapshot
     assert "mutated" not in deployment["spec"]["template"]["metadata"]["labels"]
 
 
 def test_spec_hash_is_stable_and_sensitive() -> None:
     spec = customer_deployment().spec
-    assert render.spec_hash(spec) == render.spec_hash(customer_deployment().spec)
-    assert render.spec_hash(with_spec({"engine.blockSize": 32}).spec) != render.spec_hash(spec)
+    assert spec_hash(spec) == spec_hash(customer_deployment().spec)
+    assert spec_hash(with_spec({"engine.blockSize": 32}).spec) != spec_hash(spec)
 
 
 def test_format_bytes() -> None:
-    assert render.format_bytes(344 * 2**30) == "344Gi"
-    assert render.format_bytes(1536 * 2**20) == "1536Mi"
-    assert render.format_bytes(100) == "100"
-    assert render.format_bytes(0) == "0"
+    assert format_bytes(344 * 2**30) == "344Gi"
+    assert format_bytes(1536 * 2**20) == "1536Mi"
+    assert format_bytes(100) == "100"
+    assert format_bytes(0) == "0"
 
 
 # --- the command ----------------------------------------------------------------------------------------
@@ -430,7 +363,7 @@ def test_render_command_prints_the_stream(capsys: pytest.CaptureFixture[str]) ->
         main(["render", "-f", str(Path(__file__).parents[2] / "examples" / "minimax-m2.5-eagle3.yaml")]) == 0
     )
     out = capsys.readouterr().out
-    assert out == render.to_yaml_stream(render.render_all(customer_deployment(), owner_uid=None))
+    assert out == to_yaml_stream(render_all(customer_deployment(), owner_uid=None))
     assert [doc["kind"] for doc in yaml.safe_load_all(out)] == [
         "NetworkPolicy",
         "NetworkPolicy",
@@ -494,45 +427,43 @@ def _with_spec(resource: MooncakeServing, **changes: Any) -> MooncakeServing:
 
 def test_a_blue_green_candidate_set_has_its_own_name_selector_and_pods() -> None:
     resource = customer_deployment()
-    template = render.replica_template_id(resource)
-    name = render.replica_set_name(resource, template)
-    plain = render.replica_stateful_set(resource, owner_uid="uid-1")
-    candidate = render.replica_stateful_set(resource, owner_uid="uid-1", replica_set=name)
+    template = replica_template_id(resource)
+    name = replica_set_name(resource, template)
+    plain = replica_stateful_set(resource, owner_uid="uid-1")
+    candidate = replica_stateful_set(resource, owner_uid="uid-1", replica_set=name)
     assert candidate["metadata"]["name"] == name != plain["metadata"]["name"]
     assert candidate["metadata"]["ownerReferences"] == plain["metadata"]["ownerReferences"]
     # Its selector (immutable) and pods name the set; the first set's stay as they always were.
     selector = candidate["spec"]["selector"]["matchLabels"]
-    assert selector == {**plain["spec"]["selector"]["matchLabels"], render.REPLICA_SET_LABEL: name}
-    assert render.REPLICA_SET_LABEL not in plain["spec"]["template"]["metadata"]["labels"]
+    assert selector == {**plain["spec"]["selector"]["matchLabels"], REPLICA_SET_LABEL: name}
+    assert REPLICA_SET_LABEL not in plain["spec"]["template"]["metadata"]["labels"]
     pod_labels = candidate["spec"]["template"]["metadata"]["labels"]
-    assert pod_labels[render.REPLICA_SET_LABEL] == name
-    assert pod_labels[render.TRAFFIC_LABEL] == render.TRAFFIC_OFF  # out of traffic until proven
-    assert list(pod_labels)[-2:] == [render.REPLICA_SET_LABEL, render.TRAFFIC_LABEL]  # as rendered before
+    assert pod_labels[REPLICA_SET_LABEL] == name
+    assert pod_labels[TRAFFIC_LABEL] == TRAFFIC_OFF  # out of traffic until proven
+    assert list(pod_labels)[-2:] == [REPLICA_SET_LABEL, TRAFFIC_LABEL]  # as rendered before
     # A pass renders the template once and passes it in: the same set.
-    once = render.ReplicaTemplate.of(resource)
-    assert (
-        render.replica_stateful_set(resource, owner_uid="uid-1", replica_set=name, template=once) == candidate
-    )
+    once = ReplicaTemplate.of(resource)
+    assert replica_stateful_set(resource, owner_uid="uid-1", replica_set=name, template=once) == candidate
     # The one headless Service gives every set's pods their names; the master is shared.
     assert candidate["spec"]["serviceName"] == plain["spec"]["serviceName"]
-    assert render.replica_pod_names(resource, name) == [f"{name}-{i}" for i in range(resource.spec.replicas)]
-    assert all(f"//{name}-" in url for url in render.replica_urls(resource, name))
+    assert replica_pod_names(resource, name) == [f"{name}-{i}" for i in range(resource.spec.replicas)]
+    assert all(f"//{name}-" in url for url in replica_urls(resource, name))
     # Both carry the template digest, computed without the set's own label.
-    assert candidate["metadata"]["annotations"][render.TEMPLATE_ANNOTATION] == template
-    assert plain["metadata"]["annotations"][render.TEMPLATE_ANNOTATION] == template
-    manifests = render.render_all(resource, owner_uid="uid-1", replica_set=name)
+    assert candidate["metadata"]["annotations"][TEMPLATE_ANNOTATION] == template
+    assert plain["metadata"]["annotations"][TEMPLATE_ANNOTATION] == template
+    manifests = render_all(resource, owner_uid="uid-1", replica_set=name)
     stateful_sets = [m["metadata"]["name"] for m in manifests if m["kind"] == "StatefulSet"]
     assert stateful_sets == [name]
 
 
 def test_the_template_digest_follows_the_pod_template_only() -> None:
     resource = customer_deployment()
-    template = render.replica_template_id(resource)
+    template = replica_template_id(resource)
     # A replica count or canary change keeps the set; a KV-shaping change (fingerprint) or image does not.
-    assert render.replica_template_id(_with_spec(resource, replicas=3)) == template
+    assert replica_template_id(_with_spec(resource, replicas=3)) == template
     canary = resource.spec.canary.model_copy(update={"interval_seconds": 600})
-    assert render.replica_template_id(_with_spec(resource, canary=canary)) == template
+    assert replica_template_id(_with_spec(resource, canary=canary)) == template
     engine = resource.spec.engine.model_copy(update={"image": "registry.invalid/other:1"})
     changed = _with_spec(resource, engine=engine)
-    assert render.replica_template_id(changed) != template
+    assert replica_template_id(changed) != template
     assert kv_fingerprint(changed.spec) != kv_fingerprint(resource.spec)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from mooncake_operator import safe_yaml
-from mooncake_operator.cli import main
+from mooncake_operator.cli.main import main
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator import canary_policy
-from mooncake_operator.canary import customer_request
-from mooncake_operator.cli import build_parser
+from mooncake_operator.canary import policy
+from mooncake_operator.canary.request import customer_request
+from mooncake_operator.cli.main import build_parser
 from mooncake_sandbox import (
     EngineMode,
     MasterDownError,
@@ -77,7 +77,7 @@ def test_one_replica_is_refused_with_the_reason(capsys: pytest.CaptureFixture[st
 def test_sandbox_canary_is_the_customer_request_content_checks_off_exact_hit(speculative: bool) -> None:
     # The operator's builder applied to the sandbox's spec: one rule for both (issue 13).
     spec = canary_spec(speculative=speculative, block_size=32)
-    config = canary_policy.canary_config(spec, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    config = policy.canary_config(spec, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
     assert config.request == customer_request()
     assert config.expectations == []
     assert (config.block_size, config.eagle, config.pairs) == (32, speculative, "ring")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_operator.canary import ChatAnswer, StoreCounters, Verdict
+from mooncake_operator.canary.models import ChatAnswer, StoreCounters, Verdict
 from mooncake_sandbox.revision_change import RevisionChangeReport, Served
 
 pytestmark = pytest.mark.unit

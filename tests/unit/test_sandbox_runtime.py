@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.engine_args import replica_launch
+from mooncake_operator.build.engine_args import replica_launch
 from mooncake_sandbox import (
     EngineBuild,
     EngineMode,

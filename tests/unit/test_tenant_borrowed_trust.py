@@ -16,14 +16,24 @@ import httpx
 import pytest
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator import api, render
-from mooncake_operator.api import MooncakeServing, MooncakeServingStatus
-from mooncake_operator.examples import customer_deployment
-from mooncake_operator.reconcile import actions, plan
-from mooncake_operator.reconcile.cache import MAX_FOREIGN_NAMES, Store
-from mooncake_operator.reconcile.children import remove_replica_sets
-from mooncake_operator.reconcile.core import _Actor, _Pass
-from mooncake_operator.reconcile.observe import MasterState, Observation, ReplicaState, observe, pod_info
+from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.resource import MooncakeServing, parse_resource
+from mooncake_operator.api.status import MooncakeServingStatus
+from mooncake_operator.build.names import (
+    COMPONENT_REPLICA,
+    LABEL_COMPONENT,
+    LABEL_INSTANCE,
+    TRAFFIC_LABEL,
+    TRAFFIC_ON,
+)
+from mooncake_operator.build.replicas import replica_stateful_set
+from mooncake_operator.build.services import client_service, headless_service
+from mooncake_operator.reconcile.act.cache import MAX_FOREIGN_NAMES, Store
+from mooncake_operator.reconcile.act.children import remove_replica_sets
+from mooncake_operator.reconcile.act.core import _Actor, _Pass
+from mooncake_operator.reconcile.act.snapshot import observe
+from mooncake_operator.reconcile.decide import actions, choose, plan
+from mooncake_operator.reconcile.decide.observe import MasterState, Observation, ReplicaState, pod_info
 
 pytestmark = pytest.mark.unit
 
@@ -36,16 +46,16 @@ def selects(selector: dict[str, str], pod_labels: dict[str, str]) -> bool:
 
 def test_a_pod_with_only_the_traffic_labels_is_not_selected() -> None:
     resource = customer_deployment()
-    template = render.replica_stateful_set(resource, owner_uid=OWNER_UID)["spec"]["template"]
-    ours = {**template["metadata"]["labels"], render.TRAFFIC_LABEL: render.TRAFFIC_ON}
+    template = replica_stateful_set(resource, owner_uid=OWNER_UID)["spec"]["template"]
+    ours = {**template["metadata"]["labels"], TRAFFIC_LABEL: TRAFFIC_ON}
     foreign = {
-        render.LABEL_INSTANCE: resource.metadata.name,
-        render.LABEL_COMPONENT: render.COMPONENT_REPLICA,
-        render.TRAFFIC_LABEL: render.TRAFFIC_ON,
+        LABEL_INSTANCE: resource.metadata.name,
+        LABEL_COMPONENT: COMPONENT_REPLICA,
+        TRAFFIC_LABEL: TRAFFIC_ON,
     }
     for service in (
-        render.client_service(resource, owner_uid=OWNER_UID),
-        render.headless_service(resource, owner_uid=OWNER_UID),
+        client_service(resource, owner_uid=OWNER_UID),
+        headless_service(resource, owner_uid=OWNER_UID),
     ):
         assert selects(service["spec"]["selector"], ours)
         assert not selects(service["spec"]["selector"], foreign), service["metadata"]["name"]
@@ -53,7 +63,7 @@ def test_a_pod_with_only_the_traffic_labels_is_not_selected() -> None:
 
 def replica_set(name: str, owner_uid: str) -> dict[str, Any]:
     resource = customer_deployment()
-    manifest = render.replica_stateful_set(resource, owner_uid=owner_uid)
+    manifest = replica_stateful_set(resource, owner_uid=owner_uid)
     manifest["metadata"].update(name=name, namespace="ns", uid=f"sts-{name}", resourceVersion="5")
     return manifest
 
@@ -86,7 +96,7 @@ OURS_UID = "sts-ours"
 def demo() -> MooncakeServing:
     wire = customer_deployment().to_wire()
     wire["metadata"] = {"name": "demo", "namespace": "ns", "uid": RESOURCE_UID, "generation": 1}
-    return api.parse_resource(wire)
+    return parse_resource(wire)
 
 
 def controller(kind: str, name: str, uid: str) -> dict[str, Any]:
@@ -98,10 +108,8 @@ def replica_pod(
 ) -> dict[str, Any]:
     resource = demo()
     labels = {
-        **render.replica_stateful_set(resource, owner_uid=RESOURCE_UID)["spec"]["template"]["metadata"][
-            "labels"
-        ],
-        render.TRAFFIC_LABEL: traffic,
+        **replica_stateful_set(resource, owner_uid=RESOURCE_UID)["spec"]["template"]["metadata"]["labels"],
+        TRAFFIC_LABEL: traffic,
         "controller-revision-hash": "demo-replica-abc",
     }
     return {
@@ -121,7 +129,7 @@ def replica_pod(
 
 
 def ours_set() -> dict[str, Any]:
-    manifest = render.replica_stateful_set(demo(), owner_uid=RESOURCE_UID)
+    manifest = replica_stateful_set(demo(), owner_uid=RESOURCE_UID)
     manifest["metadata"].update(uid=OURS_UID, generation=1, resourceVersion="5")
     manifest["status"] = {"observedGeneration": 1, "updateRevision": "demo-replica-abc"}
     return manifest
@@ -172,7 +180,7 @@ def test_a_replica_without_a_pod_ip_is_not_dialled_and_the_run_says_why() -> Non
         store.put(replica_pod(name, owner=ours, ip=ip))
     pods = tuple(pod_info(pod) for pod in store.owned("ns", "demo"))
     seen = Observation(MasterState(True, "ok"), ReplicaState(2, 2, True, "2/2", pods))
-    why = plan.replica_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
+    why = plan.canary_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
     assert isinstance(why, str) and "no pod IP yet for replica pod(s) demo-replica-1" in why
     # Two pods at one address (on the node's network, one node) are not two replicas to compare.
     store.put(
@@ -186,7 +194,7 @@ def test_a_replica_without_a_pod_ip_is_not_dialled_and_the_run_says_why() -> Non
     )
     pods = tuple(pod_info(pod) for pod in store.owned("ns", "demo"))
     seen = Observation(MasterState(True, "ok"), ReplicaState(2, 2, True, "2/2", pods))
-    why = plan.replica_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
+    why = plan.canary_urls(seen, ["demo-replica-0", "demo-replica-1"], 8000)
     assert isinstance(why, str) and "share an address (http://10.1.0.10:8000)" in why
 
 
@@ -228,7 +236,7 @@ def test_foreign_pods_in_the_client_service_are_remembered_by_name_within_a_boun
     assert "late" in store.foreign_names("ns", "demo")
     # Not selected by the client Service (no traffic label), or another resource's: not this one's.
     unlabelled = replica_pod("unlabelled", owner=None, ip=None)
-    del unlabelled["metadata"]["labels"][render.TRAFFIC_LABEL]
+    del unlabelled["metadata"]["labels"][TRAFFIC_LABEL]
     assert not store.put(unlabelled) and "unlabelled" not in store.foreign_names("ns", "demo")
     # A relist that lacks them forgets them.
     store.replace([replica_pod("late", owner=None, ip=None)], "ns", "100")
@@ -237,11 +245,11 @@ def test_foreign_pods_in_the_client_service_are_remembered_by_name_within_a_boun
 
 def planned(foreign: tuple[str, ...], stored: MooncakeServingStatus) -> actions.Decision:
     resource = demo()
-    rendering = plan.rendering(resource, stored, None, ())
+    rendering = choose.rendering(resource, stored, None, ())
     seen = Observation(
         MasterState(False, "master pod not created yet"), ReplicaState(2, 0, False, "0/2"), foreign=foreign
     )
-    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60)
+    timing = plan.Timing(retry_delay_seconds=10, inconclusive_retry_seconds=60, leader_check_seconds=30)
     now = datetime(2026, 12, 1, tzinfo=UTC)
     return plan.decide(plan.Snapshot(resource, stored, rendering, seen, now, timing))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mooncake_operator import api
+from mooncake_operator.api.spec import EngineSpec
 from mooncake_operator.canary.expectations import JsonFieldEquals
-from mooncake_operator.reconcile.core import one_line
+from mooncake_operator.reconcile.act.core import one_line
 
 pytestmark = pytest.mark.unit
 
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.unit
 )
 def test_a_secret_in_extra_args_is_refused_with_where_it_belongs(args: list[str], option: str) -> None:
     with pytest.raises(ValueError, match=f"must not contain {option}: a secret on the command line"):
-        api.EngineSpec.model_validate({"image": "vllm:1", "extraArgs": args})
+        EngineSpec.model_validate({"image": "vllm:1", "extraArgs": args})
 
 
 def test_options_that_only_share_a_prefix_stay_allowed() -> None:
-    spec = api.EngineSpec.model_validate(
+    spec = EngineSpec.model_validate(
         {"image": "vllm:1", "extraArgs": ["--hf-overrides", "{}", "--api-server-count", "2"]}
     )
     assert spec.extra_args == ["--hf-overrides", "{}", "--api-server-count", "2"]

@@ -12,9 +12,10 @@ import pytest
 from tests.support.fake_api import runtime_answering
 from tests.unit.test_gpu_pods import example, rdma_example, with_rdma
 
-from mooncake_operator.api import InvalidResourceError, parse_resource
-from mooncake_operator.operator_settings import OperatorSettings
-from mooncake_operator.reconcile import ReconcileResult, reconcile
+from mooncake_operator.api.resource import InvalidResourceError, parse_resource
+from mooncake_operator.reconcile.act.core import reconcile
+from mooncake_operator.reconcile.decide.actions import ReconcileResult
+from mooncake_operator.runtime.settings import OperatorSettings
 
 pytestmark = pytest.mark.unit
 

@@ -12,15 +12,17 @@ import pytest
 import yaml
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator import render
-from mooncake_operator.api import parse_resource
-from mooncake_operator.examples import customer_deployment_yaml
-from mooncake_operator.operator_settings import OperatorSettings, SettingsError
-from mooncake_operator.reconcile import reconcile
+from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.resource import parse_resource
+from mooncake_operator.build.etcd import ETCD_CLIENT_PORT
+from mooncake_operator.build.names import COMPONENT_ETCD
+from mooncake_operator.build.network_policy import DEFAULT_DNS_PEER, network_policies, operator_peer
+from mooncake_operator.reconcile.act.core import reconcile
+from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
 
 pytestmark = pytest.mark.unit
 
-OPERATOR = render.operator_peer("mooncake-system")
+OPERATOR = operator_peer("mooncake-system")
 
 
 def resource(network_policy: dict[str, Any] | None = None, ha: bool = False) -> Any:
@@ -46,15 +48,15 @@ def http_rule(policy: dict[str, Any]) -> dict[str, Any]:
 
 def test_unlisted_clients_are_denied_where_the_operator_says_so() -> None:
     serving = resource()
-    closed = replica_policy(render.network_policies(serving, owner_uid=None, open_http_by_default=False))
+    closed = replica_policy(network_policies(serving, owner_uid=None, open_http_by_default=False))
     assert http_rule(closed)["from"] == [OPERATOR]
     # The default keeps existing client Services working: no "from", anyone.
-    assert "from" not in http_rule(replica_policy(render.network_policies(serving, owner_uid=None)))
+    assert "from" not in http_rule(replica_policy(network_policies(serving, owner_uid=None)))
     # Listed clients are the switch, whatever the default.
     listed = resource({"clients": [{"podSelector": {"matchLabels": {"role": "gateway"}}}]})
     for default in (True, False):
         rule = http_rule(
-            replica_policy(render.network_policies(listed, owner_uid=None, open_http_by_default=default))
+            replica_policy(network_policies(listed, owner_uid=None, open_http_by_default=default))
         )
         assert rule["from"] == [OPERATOR, {"podSelector": {"matchLabels": {"role": "gateway"}}}]
 
@@ -89,20 +91,20 @@ async def test_the_operator_applies_the_deny_by_default_policy() -> None:
 
 
 def test_egress_is_unrestricted_unless_asked() -> None:
-    policy = replica_policy(render.network_policies(resource(), owner_uid=None))
+    policy = replica_policy(network_policies(resource(), owner_uid=None))
     assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
 
 
 def test_restricted_egress_allows_dns_the_store_and_the_listed_destinations() -> None:
     hub = {"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443}]}
     serving = resource({"egress": {"to": [hub]}})
-    spec = replica_policy(render.network_policies(serving, owner_uid=None))["spec"]
+    spec = replica_policy(network_policies(serving, owner_uid=None))["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     own = {"app.kubernetes.io/instance": "minimax-m25", "app.kubernetes.io/component": "engine"}
     masters = {"app.kubernetes.io/instance": "minimax-m25", "app.kubernetes.io/component": "store-master"}
     dns, peers, master, listed = spec["egress"]
     assert dns == {
-        "to": [render.DEFAULT_DNS_PEER],
+        "to": [DEFAULT_DNS_PEER],
         "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
     }
     assert peers == {"to": [{"podSelector": {"matchLabels": own}}]}
@@ -118,11 +120,11 @@ def test_restricted_egress_allows_dns_the_store_and_the_listed_destinations() ->
 
 def test_restricted_egress_reaches_a_managed_etcd_and_a_chosen_dns() -> None:
     dns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns"}}}]
-    spec = replica_policy(
-        render.network_policies(resource({"egress": {"dns": dns}}, ha=True), owner_uid=None)
-    )["spec"]
+    spec = replica_policy(network_policies(resource({"egress": {"dns": dns}}, ha=True), owner_uid=None))[
+        "spec"
+    ]
     assert spec["egress"][0]["to"] == dns
     etcd = spec["egress"][3]
-    assert etcd["ports"] == [{"protocol": "TCP", "port": render.ETCD_CLIENT_PORT}]
-    assert etcd["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == render.COMPONENT_ETCD
+    assert etcd["ports"] == [{"protocol": "TCP", "port": ETCD_CLIENT_PORT}]
+    assert etcd["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == COMPONENT_ETCD
     assert len(spec["egress"]) == 4

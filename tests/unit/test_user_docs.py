@@ -12,9 +12,9 @@ from typing import get_args
 import pytest
 from tests.support.chart import REPO_ROOT
 
-from mooncake_operator.api import Phase
-from mooncake_operator.conditions import Reason
-from mooncake_operator.reconcile.status import event_type
+from mooncake_operator.api.status import Phase
+from mooncake_operator.reconcile.decide.conditions import Reason
+from mooncake_operator.reconcile.decide.status import event_type
 
 pytestmark = pytest.mark.unit
 

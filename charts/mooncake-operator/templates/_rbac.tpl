@@ -33,11 +33,11 @@ kubelet resolves), no kopf peering objects (the operator runs standalone).
 in each watched namespace. `create` next to `patch`: a server-side apply that creates an object is
 authorized as a create. */}}
 {{- define "mooncake-operator.applicationRules" -}}
-# The custom resource: kopf watches it, and patches away the finalizer older operators added; the
+# The custom resource: kopf watches it (no handler needs a finalizer, so kopf never patches it); the
 # reconcile reads it from the API server only after a conflict (or before the watch has delivered it).
 - apiGroups: ["serving.mooncake-operator.dev"]
   resources: ["mooncakeservings"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["get", "list", "watch"]
 # Phase, conditions and canary evidence.
 - apiGroups: ["serving.mooncake-operator.dev"]
   resources: ["mooncakeservings/status"]

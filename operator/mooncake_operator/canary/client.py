@@ -25,6 +25,11 @@ from typing import Any
 
 import httpx
 
+from mooncake_operator.canary.defaults import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_MAX_CHAT_BODY_BYTES,
+    DEFAULT_MAX_METRICS_BODY_BYTES,
+)
 from mooncake_operator.canary.divergence import LogprobsError, LogprobsUnusable, parse_logprobs
 from mooncake_operator.canary.metrics import (
     COUNTER_NAMES,
@@ -45,11 +50,6 @@ from mooncake_operator.canary.models import (
     StoreCounters,
     printable,
     redact_url,
-)
-from mooncake_operator.canary_defaults import (
-    DEFAULT_CONNECT_TIMEOUT_S,
-    DEFAULT_MAX_CHAT_BODY_BYTES,
-    DEFAULT_MAX_METRICS_BODY_BYTES,
 )
 
 CHAT_PATH = "/v1/chat/completions"

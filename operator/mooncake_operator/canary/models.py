@@ -11,10 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from mooncake_operator import exit_codes
-from mooncake_operator.canary.expectations import Expectation
-from mooncake_operator.canary.request import customer_expectations, customer_request
-from mooncake_operator.canary.urls import redact_url as redact_url
-from mooncake_operator.canary_defaults import (
+from mooncake_operator.canary.defaults import (
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_MAX_CHAT_BODY_BYTES,
     DEFAULT_MAX_DRIFT_NATS,
@@ -26,6 +23,9 @@ from mooncake_operator.canary_defaults import (
     MAX_PUT_WAIT_S,
     MAX_TOP_K,
 )
+from mooncake_operator.canary.expectations import Expectation
+from mooncake_operator.canary.request import customer_expectations, customer_request
+from mooncake_operator.canary.urls import redact_url as redact_url
 
 
 class Verdict(StrEnum):

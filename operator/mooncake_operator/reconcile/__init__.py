@@ -1,12 +1,7 @@
-"""Orchestration of a MooncakeServing: apply children, readiness, canary, status (kopf-free).
+"""The reconcile of a MooncakeServing, kopf-free: `decide/` holds the pure decisions (no Kubernetes client,
+no httpx: a unit test holds them to it), `act/` the I/O that reads their inputs and carries them out.
 
-`reconcile(runtime, namespace, name)` is what each resource's worker (`reconcile.worker`, started from
-kopf's watch events) calls; it reads from the watch cache (`reconcile.cache`). The modules below it are
-pure where they can be (children diffing, readiness, canary planning, status) and tested as such.
+Each resource's worker (`act.worker`, started from kopf's watch events) calls `act.core.reconcile`, which
+reads from the watch cache (`act.cache`), has `decide.choose` pick what to render, applies it, observes,
+and carries out `decide.plan.decide`'s actions in order.
 """
-
-from mooncake_operator.metrics import ReconcileResult
-from mooncake_operator.reconcile.actions import Outcome
-from mooncake_operator.reconcile.core import Runtime, reconcile
-
-__all__ = ["Outcome", "ReconcileResult", "Runtime", "reconcile"]
