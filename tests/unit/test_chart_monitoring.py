@@ -64,20 +64,48 @@ def test_the_service_monitor_honours_the_operators_labels(tmp_path: Path) -> Non
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def alert_rules(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rule for group in spec["groups"] for rule in group["rules"] if "alert" in rule]
+
+
 def test_the_prometheus_rule_is_the_plain_rules_file_with_the_runbook_base(tmp_path: Path) -> None:
     rule = only(render(ALL_ON, tmp_path, api_versions=EVERY_API), "PrometheusRule")
     assert rule["metadata"]["namespace"] == RELEASE_NAMESPACE
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    plain = yaml.safe_load(RULES_FILE.read_text())
     base = "https://git.example.com/mo/blob/v1/docs/runbooks.md"
-    expected = json.loads(json.dumps(plain).replace("docs/runbooks.md", base))
+    expected = yaml.safe_load(RULES_FILE.read_text())
+    for alert in alert_rules(expected):
+        alert["annotations"]["runbook_url"] = f"{base}#{alert['alert'].lower()}"
     assert rule["spec"] == expected
-    urls = [
-        r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r
-    ]
-    assert urls and all(url.startswith(base + "#") for url in urls)
     # Prometheus's own templates reach it untouched (helm does not evaluate the file).
     assert "{{ $labels.namespace }}" in json.dumps(rule["spec"])
+
+
+def test_runbook_links_default_to_this_releases_published_runbooks(tmp_path: Path) -> None:
+    """Absolute, versioned with the chart, and the same links the plain rules file carries."""
+    values = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    rule = only(render(values, tmp_path, api_versions=(RULE_API,)), "PrometheusRule")
+    version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    published = f"https://mooncake-operator.dev/docs/v{version}/runbooks"
+    urls = {alert["alert"]: alert["annotations"]["runbook_url"] for alert in alert_rules(rule["spec"])}
+    assert urls and all(url == f"{published}#{name.lower()}" for name, url in urls.items()), urls
+    plain = {a["alert"]: a["annotations"]["runbook_url"] for a in alert_rules(yaml.safe_load(RULES_FILE.read_text()))}
+    assert plain == urls
+
+
+def test_the_first_rollout_warning_waits_as_long_as_the_value_says(tmp_path: Path) -> None:
+    def waits(values: dict[str, Any]) -> list[str]:
+        rule = only(render(values, tmp_path, api_versions=(RULE_API,)), "PrometheusRule")
+        return [a["for"] for a in alert_rules(rule["spec"]) if a["alert"] == "MooncakeFirstRolloutSlow"]
+
+    assert waits({"monitoring": {"prometheusRule": {"enabled": True}}}) == ["2h"]
+    longer = {"monitoring": {"prometheusRule": {"enabled": True, "firstRolloutWarningAfter": "6h30m"}}}
+    assert waits(longer) == ["6h30m"]
+    # Every other alert keeps the file's own `for`.
+    rule = only(render(longer, tmp_path, api_versions=(RULE_API,)), "PrometheusRule")
+    plain = alert_rules(yaml.safe_load(RULES_FILE.read_text()))
+    others = [a.get("for") for a in alert_rules(rule["spec"]) if a["alert"] != "MooncakeFirstRolloutSlow"]
+    assert others == [a.get("for") for a in plain if a["alert"] != "MooncakeFirstRolloutSlow"]
 
 
 def test_the_engine_pod_monitor_selects_the_operators_replica_pods(tmp_path: Path) -> None:
@@ -148,7 +176,7 @@ def test_the_dashboard_label_and_namespace_are_settable(tmp_path: Path) -> None:
     [
         ({"monitoring": {"prometheusRule": {"enabled": True}}}, "no monitoring.coreos.com/v1 PrometheusRule"),
         ({"monitoring": {"enginePodMonitor": {"enabled": True}}}, "no monitoring.coreos.com/v1 PodMonitor"),
-        ({"monitoring": {"prometheusRule": {"runbookBaseUrl": ""}}}, "runbookBaseUrl"),
+        ({"monitoring": {"prometheusRule": {"runbookBaseUrl": "docs/runbooks.md"}}}, "runbookBaseUrl"),
         ({"monitoring": {"enginePodMonitor": {"interval": "often"}}}, "interval"),
         ({"monitoring": {"dashboard": {"labels": {"grafana_dashboard": 1}}}}, "grafana_dashboard"),
         ({"monitoring": {"masterPodMonitor": {"enabled": True}}}, "masterPodMonitor is not allowed"),
@@ -156,7 +184,7 @@ def test_the_dashboard_label_and_namespace_are_settable(tmp_path: Path) -> None:
     ids=[
         "rule-without-api",
         "pod-monitor-without-api",
-        "empty-runbook-base",
+        "relative-runbook-base",
         "bad-interval",
         "label-not-text",
         "no-master-monitor",
