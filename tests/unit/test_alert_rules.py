@@ -78,7 +78,8 @@ def test_no_page_for_a_resource_that_has_never_been_ready() -> None:
     per_resource = [
         alert
         for alert in alerts()
-        if alert["labels"]["severity"] == "critical" and "{{ $labels.name }}" in alert["annotations"]["summary"]
+        if alert["labels"]["severity"] == "critical"
+        and "{{ $labels.name }}" in alert["annotations"]["summary"]
     ]
     assert {alert["alert"] for alert in per_resource} == {
         "MooncakeCanaryFailed",

@@ -357,7 +357,8 @@ def test_default_image_tag_is_the_app_version(rendered: dict[str, list[Manifest]
 # The grammar of an image reference (the distribution project's reference grammar, as the kubelet and
 # container runtimes parse it): [host[:port]/]path[:tag][@algorithm:hex].
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_HOST = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)?"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?/)?"
 IMAGE_REFERENCE = re.compile(
     rf"^{_HOST}{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
 )
@@ -398,11 +399,13 @@ def test_the_operator_image_is_a_valid_reference_by_tag_or_digest(
 def test_each_release_leads_with_its_own_lease(tmp_path: Path) -> None:
     """Two releases in one namespace (each watching its own namespaces) take different Leases: the second
     no longer idles behind the first's. The Role lets each touch only its own."""
-    for release, fullname in (("team-a", "team-a-mooncake-operator"), ("mooncake-operator", "mooncake-operator")):
+    releases = (("team-a", "team-a-mooncake-operator"), ("mooncake-operator", "mooncake-operator"))
+    for release, fullname in releases:
         args = ["template", release, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE]
         manifests = [m for m in yaml.safe_load_all(run_helm(args).check().stdout) if m]
         assert f"--lease-name={fullname}" in operator_container(manifests)["args"]
-        (role,) = [m for m in by_kind(manifests, "Role") if m["metadata"]["name"].endswith("-leader-election")]
+        roles = by_kind(manifests, "Role")
+        (role,) = [m for m in roles if m["metadata"]["name"].endswith("-leader-election")]
         named = [rule["resourceNames"] for rule in role["rules"] if "resourceNames" in rule]
         assert named == [[fullname]]
 
@@ -517,7 +520,7 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     (
         "digest in the repository",
         {"image": {"repository": "registry.internal/ops/operator@sha256:" + "4f" * 32}},
-        "image.repository \"registry.internal/ops/operator@sha256:4f4f",
+        'image.repository "registry.internal/ops/operator@sha256:4f4f',
     ),
     (
         "no ServiceAccount to run as",

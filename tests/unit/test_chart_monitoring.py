@@ -89,7 +89,8 @@ def test_runbook_links_default_to_this_releases_published_runbooks(tmp_path: Pat
     published = f"https://mooncake-operator.dev/docs/v{version}/runbooks"
     urls = {alert["alert"]: alert["annotations"]["runbook_url"] for alert in alert_rules(rule["spec"])}
     assert urls and all(url == f"{published}#{name.lower()}" for name, url in urls.items()), urls
-    plain = {a["alert"]: a["annotations"]["runbook_url"] for a in alert_rules(yaml.safe_load(RULES_FILE.read_text()))}
+    plain_rules = alert_rules(yaml.safe_load(RULES_FILE.read_text()))
+    plain = {alert["alert"]: alert["annotations"]["runbook_url"] for alert in plain_rules}
     assert plain == urls
 
 
