@@ -199,9 +199,35 @@ def test_the_dashboard_is_a_grafana_dashboard_over_prometheus() -> None:
     dashboard = json.loads(DASHBOARD_FILE.read_text())
     assert dashboard["uid"] == "mooncake-operator"
     rows = [panel["title"] for panel in dashboard["panels"] if panel["type"] == "row"]
-    assert rows == ["Fleet", "Canary", "vLLM and the store", "Master", "Operator"]
+    assert rows == ["What users feel", "Fleet", "Canary", "vLLM and the store", "Master", "Operator"]
     ids = [panel["id"] for panel in dashboard["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
             assert panel["targets"] and all(target["expr"] for target in panel["targets"]), panel["title"]
+
+
+def test_the_first_row_shows_what_users_feel_from_vllms_own_series() -> None:
+    """Time to first token and inter-token latency (quantiles of vLLM's histograms), the queue, KV-cache
+    usage. That vLLM exports these names: tests/engine/test_vllm_series.py, against vLLM's source."""
+    panels = json.loads(DASHBOARD_FILE.read_text())["panels"]
+    first_row_end = next(i for i, panel in enumerate(panels[1:], 1) if panel["type"] == "row")
+    assert panels[0]["title"] == "What users feel"
+    exprs = {panel["title"]: [t["expr"] for t in panel["targets"]] for panel in panels[1:first_row_end]}
+    assert list(exprs) == [
+        "Time to first token",
+        "Inter-token latency",
+        "Requests waiting and running",
+        "KV-cache usage by replica",
+    ]
+    for title, histogram in (
+        ("Time to first token", "vllm:time_to_first_token_seconds_bucket"),
+        ("Inter-token latency", "vllm:inter_token_latency_seconds_bucket"),
+    ):
+        quantiles = [re.match(r"histogram_quantile\(([0-9.]+), sum by \(le, ", e) for e in exprs[title]]
+        assert [q.group(1) for q in quantiles if q] == ["0.5", "0.95", "0.99"], title
+        assert all(histogram in expr for expr in exprs[title]), title
+    assert any("vllm:num_requests_waiting{" in expr for expr in exprs["Requests waiting and running"])
+    assert any("vllm:kv_cache_usage_perc{" in expr for expr in exprs["KV-cache usage by replica"])
+    for expr in (e for es in exprs.values() for e in es):
+        assert 'namespace=~"$namespace", mooncake_serving=~"$name"' in expr, expr
