@@ -329,6 +329,9 @@ def test_the_quickstarts_request_names_its_example() -> None:
     assert len(bodies) == 2 and all(body["model"] == example["spec"]["model"]["name"] for body in bodies)
     assert f"svc/{example['metadata']['name']} " in text
     assert f"mcs/{example['metadata']['name']} " in text
+    notes = (REPO_ROOT / "charts" / "mooncake-operator" / "templates" / "NOTES.txt").read_text()
+    assert f'"model": "{example["spec"]["model"]["name"]}"' in notes, "the chart's NOTES send another model"
+    assert f"svc/{example['metadata']['name']} " in notes
 
 
 def test_every_example_renders(capsys: pytest.CaptureFixture[str]) -> None:
