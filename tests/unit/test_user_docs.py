@@ -400,3 +400,14 @@ def test_every_chart_value_is_in_the_install_guide() -> None:
         if path not in documented and not any(path.startswith(prefix + ".") for prefix in wildcards)
     )
     assert not missing, f"docs/install.md's chart values table lacks {missing}"
+
+
+def test_upgrades_are_never_told_to_reuse_the_previous_charts_defaults() -> None:
+    """`helm upgrade --reuse-values` keeps the previous chart's defaults too: a value the new chart added
+    is then missing (0.1.0 -> 0.2.0: `nil pointer evaluating interface {}.prometheusRule`)."""
+    places = [*USER_DOCS, REPO_ROOT / "CHANGELOG.md", *sorted((REPO_ROOT / "charts").rglob("*.txt"))]
+    places.append(REPO_ROOT / "charts" / "mooncake-operator" / "values.yaml")
+    for path in places:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if "helm upgrade" in line:
+                assert not re.search(r"--reuse-values\b", line), f"{path.name}: {line.strip()}"
