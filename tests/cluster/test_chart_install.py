@@ -194,9 +194,9 @@ async def test_helm_install_creates_every_object_of_the_chart(
     # NOTES.txt: what to do next, with this release's names.
     assert f"kubectl -n {namespace} rollout status deployment/{fullname}" in output
     assert "kubectl get mcs" in output
-    assert "kubectl wait --for=condition=Ready mcs/minimax-m25" in output
+    assert "kubectl wait --for=condition=Ready mcs/quickstart" in output  # docs/quickstart.md's resource
     assert f"helm test {release} -n {namespace} --logs" in output
-    assert "--set test.servingName=minimax-m25" in output
+    assert "--set test.servingName=quickstart" in output
 
 
 async def test_helm_uninstall_keeps_the_crd_and_removes_the_rest(

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import json
 import re
+import select
+import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from tests.support import cluster, kube_node
+from tests.support.apiserver import free_port
 from tests.support.fault_load import container_restarts, success_count
 from tests.support.kube_node import kubectl
 
@@ -23,6 +28,7 @@ from mooncake_operator.build.names import TRAFFIC_LABEL
 from mooncake_operator.canary.request import customer_request
 
 NAME = "minimax-m25"
+QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
 VERDICT_TIMEOUT = 1200.0
 OPERATOR_READY_TIMEOUT = 180.0  # a restarted operator waits out its old Lease (15 s) and backs off
@@ -76,6 +82,56 @@ def test_patched_engine_becomes_ready_with_an_external_hit(node_cluster: kube_no
     assert status["canary"]["verdict"] == "Passed"
     assert status["canary"]["externalHitTokens"] > 0
     assert all(pair["externalHitTokens"] > 0 and pair["answersEqual"] for pair in status["canary"]["pairs"])
+
+
+def quickstart_first_request() -> tuple[list[str], dict[str, Any]]:
+    """docs/quickstart.md's first request, as a reader copies it: the port-forward's kubectl arguments and
+    the chat body curl sends."""
+    block = QUICKSTART.read_text(encoding="utf-8").split("<!-- first request:", 1)[1]
+    commands = block.split("```sh\n", 1)[1].split("```", 1)[0]
+    forward = next(line for line in commands.splitlines() if line.startswith("kubectl port-forward "))
+    body = re.search(r"-d '(\{.*?\})'", commands)
+    assert body, f"no request body in docs/quickstart.md's first-request block:\n{commands}"
+    return shlex.split(forward.removesuffix("&"))[1:], json.loads(body.group(1))
+
+
+def test_the_quickstarts_first_request_answers_through_a_port_forward(node_cluster: kube_node.Images) -> None:
+    """The quickstart's last step on this node: its `kubectl port-forward svc/...` and its chat request,
+    with the quickstart resource's name and model replaced by this node's resource's (the CPU variant of
+    the reference deployment, the only model this machine has)."""
+    forward, body = quickstart_first_request()
+    quickstart_name = yaml.safe_load((QUICKSTART.parents[1] / "examples" / "quickstart.yaml").read_text())
+    assert forward == [
+        "port-forward",
+        f"svc/{quickstart_name['metadata']['name']}",
+        "8000:8000",
+    ], forward
+    body["model"] = cluster.example_resource("-")["spec"]["model"]["name"]
+    local = free_port()
+    argv = [
+        str(kube_node.kube_binaries()["kubectl"]),
+        f"--kubeconfig={kube_node.admin_kubeconfig()}",
+        "--namespace=default",
+        "port-forward",
+        f"svc/{NAME}",
+        f"{local}:8000",
+    ]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        readable, _, _ = select.select([process.stdout], [], [], 60)
+        assert readable, "kubectl port-forward said nothing in 60 s"
+        first = process.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8000", or why not
+        assert first.startswith("Forwarding from"), f"kubectl port-forward: {first}{process.stdout.read()}"
+        answer = httpx.post(f"http://127.0.0.1:{local}/v1/chat/completions", json=body, timeout=120)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert answer.status_code == 200, answer.text
+    # The tiny random model's words mean nothing; that it answered with tokens is the point.
+    reply = answer.json()
+    assert isinstance(reply["choices"][0]["message"]["content"], str), answer.text
+    assert reply["usage"]["completion_tokens"] > 0, answer.text
 
 
 def test_master_and_replicas_run_the_built_images_ready_through_their_probes(

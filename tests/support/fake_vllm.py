@@ -300,6 +300,17 @@ class _Metrics:
     registry: prometheus_client.CollectorRegistry
     counters: dict[str, prometheus_client.Counter] = field(default_factory=dict)
     gauges: dict[str, prometheus_client.Gauge] = field(default_factory=dict)
+    histograms: dict[str, prometheus_client.Histogram] = field(default_factory=dict)
+
+
+# What users feel, as vLLM exports it (the dashboard's first row): gauges and histograms by engine.
+_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+_HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds")
+# The latencies a fake answer reports: fixed, so a test can tell them apart.
+FAKE_TIME_TO_FIRST_TOKEN_S = 0.05
+FAKE_INTER_TOKEN_LATENCY_S = 0.01
+# Blocks the fake's KV cache holds, for vllm:kv_cache_usage_perc.
+_KV_CACHE_BLOCKS = 4096
 
 
 def _build_metrics(model: str) -> _Metrics:
@@ -329,9 +340,6 @@ def _build_metrics(model: str) -> _Metrics:
     )
     for reason in ("stop", "length", "abort"):
         metrics.counters[success].labels(**engine, finished_reason=reason)
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-        metrics.gauges[name] = prometheus_client.Gauge(name, name, list(engine), registry=registry)
-        metrics.gauges[name].labels(**engine).set(0)
     for name in (
         "vllm:mooncake_store_operation_total",
         "vllm:mooncake_store_operation_keys_total",
@@ -340,6 +348,14 @@ def _build_metrics(model: str) -> _Metrics:
         metrics.counters[name] = prometheus_client.Counter(
             name, name, [*engine, "operation", "status"], registry=registry
         )
+    for name in _GAUGES:
+        metrics.gauges[name] = prometheus_client.Gauge(name, name, list(engine), registry=registry)
+        metrics.gauges[name].labels(**engine).set(0)
+    for name in _HISTOGRAMS:
+        metrics.histograms[name] = prometheus_client.Histogram(
+            name, name, list(engine), registry=registry, buckets=(0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+        )
+        metrics.histograms[name].labels(**engine)
     return metrics
 
 
@@ -523,6 +539,7 @@ class FakeReplica:
         if isinstance(max_tokens, int) and len(tokens) > max_tokens:
             tokens, finish = tokens[:max_tokens], "length"
         ids = [token.token_id for token in tokens]
+        self._observe_latencies(len(ids))
         message = self._message(ids)
         count = self._metrics.counters
         count["vllm:request_success"].labels(**engine, finished_reason=finish).inc()
@@ -597,6 +614,18 @@ class FakeReplica:
         if self.eagle:
             count["vllm:spec_decode_num_drafts"].labels(**engine).inc(traffic.drafts)
             count["vllm:spec_decode_num_draft_tokens"].labels(**engine).inc(SPEC_TOKENS * traffic.drafts)
+
+    def _observe_latencies(self, completion_tokens: int) -> None:
+        engine = {"model_name": self.model, "engine": "0"}
+        histograms = self._metrics.histograms
+        histograms["vllm:time_to_first_token_seconds"].labels(**engine).observe(FAKE_TIME_TO_FIRST_TOKEN_S)
+        for _ in range(max(completion_tokens - 1, 0)):
+            histograms["vllm:inter_token_latency_seconds"].labels(**engine).observe(
+                FAKE_INTER_TOKEN_LATENCY_S
+            )
+        with self._lock:
+            usage = min(len(self._local_blocks) / _KV_CACHE_BLOCKS, 1.0)
+        self._metrics.gauges["vllm:kv_cache_usage_perc"].labels(**engine).set(usage)
 
     def _admit(self, hashes: list[str], prompt_tokens: int) -> Admission:
         """The scheduler's admission: local hit, then the connector's external hit; counts both."""

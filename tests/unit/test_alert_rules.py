@@ -14,6 +14,9 @@ pytestmark = pytest.mark.unit
 RULES = REPO_ROOT / "charts" / "mooncake-operator" / "files" / "prometheus-rules.yaml"
 RULE_TESTS = Path(__file__).parent / "promtool" / "rules.test.yaml"
 RUNBOOKS = REPO_ROOT / "docs" / "runbooks.md"
+CHART = REPO_ROOT / "charts" / "mooncake-operator" / "Chart.yaml"
+# The recording rule that tells a resource that has served users from one that never has.
+HAS_BEEN_READY = "mooncake:has_been_ready:1d"
 
 
 def alerts() -> list[dict[str, Any]]:
@@ -49,7 +52,7 @@ def test_every_alert_is_labelled_annotated_and_has_a_runbook_section() -> None:
         assert alert["labels"]["severity"] in ("critical", "warning", "info"), name
         annotations = alert["annotations"]
         assert annotations["summary"] and annotations["description"], name
-        assert annotations["runbook_url"] == f"docs/runbooks.md#{name.lower()}", name
+        assert annotations["runbook_url"] == f"{published_runbooks()}#{name.lower()}", name
         section = runbooks.split(f"\n## {name}\n", 1)
         assert len(section) == 2, f"docs/runbooks.md has no section '## {name}'"
         body = section[1].split("\n## ", 1)[0]
@@ -61,3 +64,30 @@ def test_a_rule_that_does_not_parse_is_refused(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text(RULES.read_text().replace("== 1", "== = 1", 1))
     assert promtool("check", "rules", str(broken)).returncode != 0
+
+
+def published_runbooks() -> str:
+    """This release's published runbooks: the base the plain file carries and the chart's default."""
+    version = yaml.safe_load(CHART.read_text())["appVersion"]
+    return f"https://mooncake-operator.dev/docs/v{version}/runbooks"
+
+
+def test_no_page_for_a_resource_that_has_never_been_ready() -> None:
+    """A critical alert on a MooncakeServing's own series requires it to have been Ready: a first rollout
+    loads weights for up to an hour and has no users to lose (MooncakeFirstRolloutSlow warns instead)."""
+    per_resource = [
+        alert
+        for alert in alerts()
+        if alert["labels"]["severity"] == "critical"
+        and "{{ $labels.name }}" in alert["annotations"]["summary"]
+    ]
+    assert {alert["alert"] for alert in per_resource} == {
+        "MooncakeCanaryFailed",
+        "MooncakeNoReplicaServing",
+        "MooncakeMasterNoLeader",
+    }
+    for alert in per_resource:
+        assert f"and on (namespace, name) {HAS_BEEN_READY}" in alert["expr"], alert["alert"]
+    first_rollout = [alert for alert in alerts() if alert["alert"] == "MooncakeFirstRolloutSlow"]
+    assert [alert["labels"]["severity"] for alert in first_rollout] == ["warning"]
+    assert f"unless on (namespace, name) {HAS_BEEN_READY}" in first_rollout[0]["expr"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -353,11 +354,78 @@ def test_default_image_tag_is_the_app_version(rendered: dict[str, list[Manifest]
     assert operator_container(rendered["defaults"])["image"].endswith(f"/operator:{chart['appVersion']}")
 
 
+# The grammar of an image reference (the distribution project's reference grammar, as the kubelet and
+# container runtimes parse it): [host[:port]/]path[:tag][@algorithm:hex].
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_HOST = rf"(?:{_LABEL}(?:\.{_LABEL})*(?::[0-9]+)?/)?"
+IMAGE_REFERENCE = re.compile(
+    rf"^{_HOST}{_COMPONENT}(?:/{_COMPONENT})*(?::[\w][\w.-]{{0,127}})?(?:@sha256:[a-f0-9]{{64}})?$"
+)
+DIGEST = "sha256:" + "4f" * 32
+
+
+def test_the_reference_grammar_refuses_what_the_runtime_would() -> None:
+    assert IMAGE_REFERENCE.match("registry:5000/ops/operator:0.2.0")
+    assert IMAGE_REFERENCE.match(f"registry.internal/ops/operator@{DIGEST}")
+    # What repository@digest:tag (the chart's earlier join) gave: a tag after the digest.
+    assert not IMAGE_REFERENCE.match(f"registry.internal/ops/operator@{DIGEST}:0.2.0")
+    assert not IMAGE_REFERENCE.match("Not A Valid Ref!!")
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ({}, "registry.example.com/mooncake-operator/operator:{version}"),
+        ({"tag": "0.2.0-rc1"}, "registry.example.com/mooncake-operator/operator:0.2.0-rc1"),
+        ({"repository": "registry:5000/ops/operator"}, "registry:5000/ops/operator:{version}"),
+        ({"digest": DIGEST}, f"registry.example.com/mooncake-operator/operator@{DIGEST}"),
+        ({"tag": "0.2.0", "digest": DIGEST}, f"registry.example.com/mooncake-operator/operator@{DIGEST}"),
+    ],
+    ids=["default", "tag", "registry-port", "digest", "digest-wins-over-tag"],
+)
+def test_the_operator_image_is_a_valid_reference_by_tag_or_digest(
+    image: dict[str, str], expected: str, tmp_path: Path
+) -> None:
+    """The operator's and the helm test Pod's image: one valid reference, pinned by digest when given."""
+    version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    values = {"image": image, "test": {"servingName": "chat"}}
+    manifests = render(values, tmp_path)
+    images = {operator_container(manifests)["image"], canary_pod(manifests)["spec"]["containers"][0]["image"]}
+    assert images == {expected.format(version=version)}
+    assert all(IMAGE_REFERENCE.match(reference) for reference in images), images
+
+
+def test_each_release_leads_with_its_own_lease(tmp_path: Path) -> None:
+    """Two releases in one namespace (each watching its own namespaces) take different Leases: the second
+    no longer idles behind the first's. The Role lets each touch only its own."""
+    releases = (("team-a", "team-a-mooncake-operator"), ("mooncake-operator", "mooncake-operator"))
+    for release, fullname in releases:
+        args = ["template", release, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE]
+        manifests = [m for m in yaml.safe_load_all(run_helm(args).check().stdout) if m]
+        assert f"--lease-name={fullname}" in operator_container(manifests)["args"]
+        roles = by_kind(manifests, "Role")
+        (role,) = [m for m in roles if m["metadata"]["name"].endswith("-leader-election")]
+        named = [rule["resourceNames"] for rule in role["rules"] if "resourceNames" in rule]
+        assert named == [[fullname]]
+
+
 def test_chart_and_package_versions_agree() -> None:
     from mooncake_operator import __version__
 
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__, "bump Chart.yaml appVersion with the package version"
+    assert chart["version"] == chart["appVersion"], "the chart's version moves with the operator's"
+
+
+def test_the_changelog_has_a_section_per_release_the_newest_first() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    changelog = (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## (\d+\.\d+\.\d+)\b", changelog, flags=re.MULTILINE)
+    assert releases and releases[0] == chart["version"], f"CHANGELOG.md's newest section: {releases[:1]}"
+    assert len(releases) == len(set(releases)), releases
+    parsed = [tuple(int(part) for part in release.split(".")) for release in releases]
+    assert parsed == sorted(parsed, reverse=True), releases
 
 
 # --- metrics -----------------------------------------------------------------------------------------
@@ -424,6 +492,20 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
     ("lease too short", {"operator": {"leaseDurationSeconds": 5}}, "operator.leaseDurationSeconds"),
     ("lease too long", {"operator": {"leaseDurationSeconds": 3601}}, "operator.leaseDurationSeconds"),
     ("fractional lease", {"operator": {"leaseDurationSeconds": 7.5}}, "operator.leaseDurationSeconds"),
+    ("digest without algorithm", {"image": {"digest": "4f" * 32}}, "image.digest"),
+    ("short digest", {"image": {"digest": "sha256:abc"}}, "image.digest"),
+    ("tag with a digest", {"image": {"tag": "sha256:" + "4f" * 32}}, "image.tag"),
+    ("repository with a space", {"image": {"repository": "registry example/op"}}, "image.repository"),
+    (
+        "relative runbook base",
+        {"monitoring": {"prometheusRule": {"runbookBaseUrl": "docs/runbooks.md"}}},
+        "monitoring.prometheusRule.runbookBaseUrl",
+    ),
+    (
+        "first-rollout warning not a duration",
+        {"monitoring": {"prometheusRule": {"firstRolloutWarningAfter": "two hours"}}},
+        "monitoring.prometheusRule.firstRolloutWarningAfter",
+    ),
     # Checks the templates make (a schema cannot see the cluster or relate two values this way).
     (
         "service monitor without the monitoring API",
@@ -434,6 +516,11 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         "service monitor without metrics",
         {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}},
         "metrics.serviceMonitor.enabled needs metrics.enabled",
+    ),
+    (
+        "digest in the repository",
+        {"image": {"repository": "registry.internal/ops/operator@sha256:" + "4f" * 32}},
+        'image.repository "registry.internal/ops/operator@sha256:4f4f',
     ),
     (
         "no ServiceAccount to run as",

@@ -115,13 +115,12 @@ def test_leader_election_is_granted_on_leases_in_the_release_namespace_only(
     manifests = render(values, tmp_path)
     role = named(manifests, "Role", f"{FULLNAME}-leader-election", RELEASE_NAMESPACE)
     assert permissions(role) == documented_tables()["Leader"]
-    assert all(
-        rule["resourceNames"] == ["mooncake-operator"] for rule in role["rules"] if "get" in rule["verbs"]
-    )
+    assert all(rule["resourceNames"] == [FULLNAME] for rule in role["rules"] if "get" in rule["verbs"])
     binding = named(manifests, "RoleBinding", f"{FULLNAME}-leader-election", RELEASE_NAMESPACE)
     assert bound_subjects(binding) == [SERVICE_ACCOUNT]
     args = by_kind(manifests, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--lease-namespace={RELEASE_NAMESPACE}" in args
+    assert f"--lease-name={FULLNAME}" in args  # the release's own Lease
 
 
 def test_an_existing_service_account_is_bound(tmp_path: Path) -> None:

@@ -5,11 +5,13 @@ anchors included."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
+import yaml
 from tests.support.chart import REPO_ROOT
 
 from mooncake_operator.api.status import Phase
@@ -172,6 +174,7 @@ def test_the_link_check_finds_a_broken_file_and_a_broken_anchor(tmp_path: Path) 
 
 INSTALL_PATH = [
     REPO_ROOT / "README.md",
+    REPO_ROOT / "docs" / "quickstart.md",
     REPO_ROOT / "docs" / "install.md",
     REPO_ROOT / "charts" / "mooncake-operator" / "templates" / "NOTES.txt",
 ]
@@ -239,3 +242,172 @@ def test_the_design_notes_are_linked_once_from_the_readmes_contributing_section(
     assert linking == {"README.md": 1}, linking
     contributing = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split("\n## Contributing\n", 1)
     assert len(contributing) == 2 and design_link.search(contributing[1]), "linked outside ## Contributing"
+
+
+# --- the doc tree: one path for a user, every page on it --------------------------------------------------
+
+DOCS_DIR = REPO_ROOT / "docs"
+DOCS_INDEX = DOCS_DIR / "README.md"
+QUICKSTART = DOCS_DIR / "quickstart.md"
+DESIGN_INDEX = DOCS_DIR / "design" / "README.md"
+
+
+def linked_files(path: Path) -> set[Path]:
+    """The local files `path` links to (anchors dropped)."""
+    found = set()
+    for line in prose_lines(path.read_text(encoding="utf-8")):
+        for target in LINK.findall(re.sub(r"`[^`]*`", "", line)):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue
+            found.add((path.parent / target.partition("#")[0]).resolve())
+    return found
+
+
+def test_the_docs_index_links_every_user_page() -> None:
+    pages = {path.resolve() for path in DOCS_DIR.glob("*.md")} - {DOCS_INDEX.resolve()}
+    missing = sorted(path.name for path in pages - linked_files(DOCS_INDEX))
+    assert not missing, f"docs/README.md does not link {missing}"
+
+
+def test_the_design_index_links_every_note() -> None:
+    notes = {path.resolve() for path in (DOCS_DIR / "design").glob("*.md")} - {DESIGN_INDEX.resolve()}
+    missing = sorted(path.name for path in notes - linked_files(DESIGN_INDEX))
+    assert not missing, f"docs/design/README.md does not link {missing}"
+
+
+def test_the_readme_opens_with_the_product_then_install_then_the_two_commands() -> None:
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.+)$", readme, flags=re.MULTILINE)
+    assert headings[:2] == ["Install", "Develop"], headings
+    opening = readme.split("\n## ", 1)[0]
+    assert "scripts/" not in opening, "the opening says what the product does, not how to develop it"
+    install = readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    assert "helm install" in install and "docs/quickstart.md" in install and "docs/README.md" in install
+    develop = readme.split("\n## Develop\n", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^(scripts/\w+)", develop.split("```sh\n", 1)[1].split("```", 1)[0], re.MULTILINE)
+    assert commands == ["scripts/sandbox", "scripts/test"], commands
+    assert {DOCS_INDEX.resolve(), QUICKSTART.resolve()} <= linked_files(REPO_ROOT / "README.md")
+
+
+def test_the_quickstart_goes_from_an_empty_cluster_to_a_first_answer() -> None:
+    text = QUICKSTART.read_text(encoding="utf-8")
+    steps = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert steps[:7] == [
+        "0. What the cluster needs",
+        "1. Build and push the images",
+        "2. Install the operator",
+        "3. Install the CLI",
+        "4. Create your first MooncakeServing",
+        "5. Wait for Ready, and what it means",
+        "6. Send your first request",
+    ], steps
+    assert (DOCS_DIR / "prerequisites.md").resolve() in linked_files(QUICKSTART)
+    assert "tolerations" in text and "untolerated taint" in text, "tainted GPU nodes"
+    for needed in (
+        "helm install mooncake-operator charts/mooncake-operator",
+        "pip install .",
+        "kubectl apply -f examples/quickstart.yaml",
+        "kubectl wait --for=condition=Ready mcs/quickstart",
+        "**`Ready` means**",
+        "kubectl port-forward svc/quickstart 8000:8000",
+        "http://quickstart.default.svc:8000/v1/chat/completions",
+        "kind: HTTPRoute",
+    ):
+        assert needed in text, needed
+
+
+def quickstart_example() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((REPO_ROOT / "examples" / "quickstart.yaml").read_text())
+    return document
+
+
+def test_the_quickstarts_request_names_its_example() -> None:
+    """The first request asks for the model the example serves, at the Service the example creates."""
+    text = QUICKSTART.read_text(encoding="utf-8")
+    example = quickstart_example()
+    bodies = [json.loads(body) for body in re.findall(r"-d '(\{.*?\})'", text)]
+    assert len(bodies) == 2 and all(body["model"] == example["spec"]["model"]["name"] for body in bodies)
+    assert f"svc/{example['metadata']['name']} " in text
+    assert f"mcs/{example['metadata']['name']} " in text
+    notes = (REPO_ROOT / "charts" / "mooncake-operator" / "templates" / "NOTES.txt").read_text()
+    assert f'"model": "{example["spec"]["model"]["name"]}"' in notes, "the chart's NOTES send another model"
+    assert f"svc/{example['metadata']['name']} " in notes
+
+
+def test_every_example_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    from mooncake_operator.cli import main
+
+    examples = sorted((REPO_ROOT / "examples").glob("*.yaml"))
+    assert (REPO_ROOT / "examples" / "quickstart.yaml") in examples
+    for example in examples:
+        assert main(["render", "-f", str(example)]) == 0, f"{example.name}: {capsys.readouterr().err}"
+        assert "kind: StatefulSet" in capsys.readouterr().out, example.name
+
+
+# Words from the project's origin that mean nothing to a user (code spans, e.g. a file name, excepted).
+ORIGIN_WORDS = re.compile(r"\bcustomers?\b", flags=re.IGNORECASE)
+USER_FACING = [*USER_DOCS, *sorted((REPO_ROOT / "examples").glob("*.yaml"))]
+
+
+@pytest.mark.parametrize("path", USER_FACING, ids=lambda path: str(path.relative_to(REPO_ROOT)))
+def test_user_facing_text_speaks_of_the_reference_deployment_not_the_customer(path: Path) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".md":
+        lines = prose_lines("\n".join(lines))
+    found = [line.strip() for line in lines if ORIGIN_WORDS.search(re.sub(r"`[^`]*`", "", line))]
+    assert not found, f"{path.name}: say 'the reference deployment' (or the user): {found}"
+
+
+def chart_value_paths(values: dict[str, Any], prefix: str = "") -> set[str]:
+    """Dotted paths of the chart's values; a map of free-form keys (labels, resources) is one value."""
+    paths = set()
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        free_form = key in {"labels", "annotations", "resources", "requests", "limits"} or not value
+        if (
+            isinstance(value, dict)
+            and not free_form
+            and path not in {"podSecurityContext", "securityContext"}
+        ):
+            paths |= chart_value_paths(value, f"{path}.")
+        else:
+            paths.add(path)
+    return paths
+
+
+def documented_chart_values(text: str) -> set[str]:
+    """The install guide's chart-values table: `a.b`, `.c` (a sibling of the previous), `x.*` (all of x)."""
+    table = text.split("\n## Chart values\n", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for line in table.splitlines():
+        if not line.startswith("| `"):
+            continue
+        parent = ""
+        for name in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            full = parent + name[1:] if name.startswith(".") else name
+            parent = full.rsplit(".", 1)[0] + "." if "." in full else ""
+            documented.add(full)
+    return documented
+
+
+def test_every_chart_value_is_in_the_install_guide() -> None:
+    values = yaml.safe_load((REPO_ROOT / "charts" / "mooncake-operator" / "values.yaml").read_text())
+    documented = documented_chart_values((DOCS_DIR / "install.md").read_text(encoding="utf-8"))
+    wildcards = {name[:-2] for name in documented if name.endswith(".*")}
+    missing = sorted(
+        path
+        for path in chart_value_paths(values)
+        if path not in documented and not any(path.startswith(prefix + ".") for prefix in wildcards)
+    )
+    assert not missing, f"docs/install.md's chart values table lacks {missing}"
+
+
+def test_upgrades_are_never_told_to_reuse_the_previous_charts_defaults() -> None:
+    """`helm upgrade --reuse-values` keeps the previous chart's defaults too: a value the new chart added
+    is then missing (0.1.0 -> 0.2.0: `nil pointer evaluating interface {}.prometheusRule`)."""
+    places = [*USER_DOCS, REPO_ROOT / "CHANGELOG.md", *sorted((REPO_ROOT / "charts").rglob("*.txt"))]
+    places.append(REPO_ROOT / "charts" / "mooncake-operator" / "values.yaml")
+    for path in places:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if "helm upgrade" in line:
+                assert not re.search(r"--reuse-values\b", line), f"{path.name}: {line.strip()}"

@@ -43,8 +43,30 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* The operator image: repository:tag, or repository@digest when image.digest is set (a digest pins the
+content; the tag would be ignored by the runtime, so it is left out). A repository that already carries a
+digest is refused, naming the two values to set instead. */}}
 {{- define "mooncake-operator.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $image := .Values.image }}
+{{- if contains "@" $image.repository }}
+{{- fail (printf "image.repository %q carries a digest: set image.repository=%s and image.digest=%s" $image.repository (regexReplaceAll "@.*$" $image.repository "") (regexReplaceAll "^[^@]*@" $image.repository "")) }}
+{{- end }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Base of every alert's runbook_url: the value, or this release's published runbooks. */}}
+{{- define "mooncake-operator.runbookBaseUrl" -}}
+{{- default (printf "https://mooncake-operator.dev/docs/v%s/runbooks" .Chart.AppVersion) .Values.monitoring.prometheusRule.runbookBaseUrl | trimSuffix "/" }}
+{{- end }}
+
+{{/* The leader-election Lease: one per release, so a second release in the same namespace (watching
+other namespaces) leads its own instead of idling behind the first. */}}
+{{- define "mooncake-operator.leaseName" -}}
+{{- include "mooncake-operator.fullname" . }}
 {{- end }}
 
 {{/* Namespace of the MooncakeServing that `helm test` proves. */}}

@@ -18,14 +18,14 @@ kubelet resolves), no kopf peering objects (the operator runs standalone).
   verbs: ["list", "watch"]
 {{- end }}
 
-{{/* Leader election: one Lease in the release namespace (`create` cannot be limited to a name). */}}
+{{/* Leader election: the release's Lease in the release namespace (`create` cannot be limited to a name). */}}
 {{- define "mooncake-operator.leaderRules" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["create"]
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  resourceNames: ["mooncake-operator"]
+  resourceNames: [{{ include "mooncake-operator.leaseName" . | quote }}]
   verbs: ["get", "patch"]
 {{- end }}
 
