@@ -335,7 +335,7 @@ def test_the_quickstarts_request_names_its_example() -> None:
 
 
 def test_every_example_renders(capsys: pytest.CaptureFixture[str]) -> None:
-    from mooncake_operator.cli import main
+    from mooncake_operator.cli.main import main
 
     examples = sorted((REPO_ROOT / "examples").glob("*.yaml"))
     assert (REPO_ROOT / "examples" / "quickstart.yaml") in examples
