@@ -46,7 +46,10 @@ from mooncake_sandbox.netns import in_private_netns
 # Rerun (at most once, reported by pytest) only when a CPU of this machine stalled while the test ran
 # (tests/support/cpu_stalls.py, docs/sandbox.md): such a stall shows up as a store transfer failing
 # with HTTP 500, or as the harness's API server not answering in time; a wrong verdict fails at once.
+# Slow (scripts/test-slow): the node tier proves both outcomes on real pods (patched Ready with an external
+# hit, buggy CanaryFailed and out of traffic: tests/node/test_product_on_a_node.py).
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.e2e,
     pytest.mark.timeout(1800),
     pytest.mark.flaky(reruns=1, condition=stalled_during_test),

@@ -242,6 +242,9 @@ async def test_canary_fails_on_the_buggy_engine(sandbox: Sandbox, reference: Ref
     assert result.cost.chat_requests == 2 * len(result.pairs)
 
 
+# Slow (scripts/test-slow): the rule that a perturbation never excuses corruption is decided on measured
+# evidence the unit tier feeds it (tests/unit/test_canary_adversarial.py); this proves it on real engines.
+@pytest.mark.slow
 async def test_a_perturbed_reader_does_not_make_a_buggy_run_pass(sandbox: Sandbox) -> None:
     await configure(sandbox, EngineMode.BUGGY, speculative=True, perturbed_b=PERTURB_NATS)
 
@@ -250,11 +253,14 @@ async def test_a_perturbed_reader_does_not_make_a_buggy_run_pass(sandbox: Sandbo
     assert_corruption_on_every_pair(result, perturbed_reader=sandbox.replica_urls[B])
 
 
-async def test_step_4_without_speculative_config_warm_answer_is_correct(
+# Slow (scripts/test-slow): the speculative config is part of the KV fingerprint (unit tier:
+# tests/unit/builders), so the two deployments read under different cache prefixes; this proves on real
+# engines that the isolation is what keeps a reader without Eagle from the Eagle writer's blocks.
+@pytest.mark.slow
+async def test_a_reader_without_eagle_reads_nothing_an_eagle_writer_stored(
     sandbox: Sandbox, client: httpx.AsyncClient, reference: Reference
 ) -> None:
-    # B's target does not matter here (it restarts without Eagle, unperturbed, right below).
-    await configure(sandbox, EngineMode.BUGGY, speculative=True, perturbed_b=sandbox.replicas[B].perturb_nats)
+    await configure(sandbox, EngineMode.BUGGY, speculative=True)
     # B alone without Eagle must not read what an Eagle writer stored: those blocks also hold the draft
     # layer's KV (40 KiB where B expects 32 KiB; without isolation vLLM failed the request with a 500).
     # The speculative config is part of the KV fingerprint, so B reads under another cache_prefix:
@@ -266,6 +272,10 @@ async def test_step_4_without_speculative_config_warm_answer_is_correct(
     assert mixed.text == reference.answer.text
     assert mixed_delta.external_hit_tokens == 0 and loads(mixed_delta) == 0
 
+
+async def test_step_4_without_speculative_config_warm_answer_is_correct(
+    sandbox: Sandbox, client: httpx.AsyncClient, reference: Reference
+) -> None:
     # The customer's step 4: the deployment without the speculative config, prefix warmed on A, B warm.
     await configure(sandbox, EngineMode.BUGGY, speculative=False)
     salt = fresh_salt("step4")

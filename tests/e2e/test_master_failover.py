@@ -49,6 +49,9 @@ def test_a_leader_failover_keeps_the_prefixes_with_the_oplog(prepared: Prepared)
     assert isinstance(outcome["unplanned_leader_changes"], list)
 
 
+# The control: what the oplog (always rendered) prevents, Mooncake's behaviour rather than the product's.
+# Slow (scripts/test-slow): the test above proves the product.
+@pytest.mark.slow
 @pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_without_the_oplog_a_failover_loses_every_prefix_stored_before_it(prepared: Prepared) -> None:
     code, outcome, stderr = run("--no-oplog")

@@ -48,6 +48,9 @@ def test_with_store_isolation_the_new_revision_reads_nothing_of_the_old(prepared
     assert namespaces["replica-A@revision-1"] == old
 
 
+# The control: what the isolation (always on by default) prevents, vLLM's behaviour rather than the
+# product's. Slow (scripts/test-slow): the test above proves the product.
+@pytest.mark.slow
 @pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_without_store_isolation_the_new_revision_serves_a_stale_answer(prepared: Prepared) -> None:
     code, change = run("off")
