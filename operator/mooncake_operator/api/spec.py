@@ -343,6 +343,34 @@ class RolloutSpec(ApiModel):
             "Rollback removes it). It costs twice the replicas' GPUs during a rollout."
         ),
     )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description=(
+            "InPlace: how many proven replicas a rollout may take out of the client Service at a time; at "
+            "least replicas - maxUnavailable proven replicas keep serving throughout (with 2 replicas and "
+            "the default 1, one keeps serving)."
+        ),
+    )
+    max_surge: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description=(
+            "InPlace: how many replicas beyond spec.replicas a rollout may add (each needs its GPUs), so "
+            "that the first new replicas have a partner of their own pod template for the canary; removed "
+            "once every replica runs the new template and is proven. maxSurge + maxUnavailable must be at "
+            "least 2 when the canary is on."
+        ),
+    )
+    paused: bool = Field(
+        default=False,
+        description=(
+            "Hold any rollout: no replica pod is created, replaced or removed for a new pod template, and "
+            "status.rollout.message says what waits; setting it back to false goes on from there."
+        ),
+    )
 
 
 class MooncakeServingSpec(ApiModel):
@@ -375,6 +403,10 @@ class MooncakeServingSpec(ApiModel):
     @property
     def rollout_strategy(self) -> RolloutStrategy:
         return self.rollout.strategy if self.rollout is not None else "InPlace"
+
+    @property
+    def rollout_settings(self) -> RolloutSpec:
+        return self.rollout if self.rollout is not None else RolloutSpec()
 
     @model_validator(mode="after")
     def _host_network_one_per_node(self) -> MooncakeServingSpec:
@@ -417,5 +449,19 @@ class MooncakeServingSpec(ApiModel):
             raise ValueError(
                 f"replicas is {self.replicas} but the canary needs at least 2 replicas (a writer and a "
                 "reader); set replicas >= 2 or canary.enabled: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _first_new_replicas_pair(self) -> MooncakeServingSpec:
+        rollout = self.rollout_settings
+        if not self.canary.enabled or rollout.strategy != "InPlace":
+            return self
+        if rollout.max_surge + min(rollout.max_unavailable, self.replicas) < 2:
+            raise ValueError(
+                f"rollout.maxSurge ({rollout.max_surge}) + rollout.maxUnavailable "
+                f"({rollout.max_unavailable}) is below 2: an InPlace rollout could never bring up two "
+                "replicas of the new pod template for the canary to pair; raise maxSurge (extra GPUs "
+                "during a rollout) or maxUnavailable (fewer replicas serving during it)"
             )
         return self
