@@ -87,7 +87,8 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             proven = await pod_identities(kube, namespace)
             await endpoints_become(kube, namespace, set(proven.values()), "both proven pods in the endpoints")
 
-            # In place: replica 1 is replaced first and held not Ready; replica 0, proven, keeps serving.
+            # In place: replica 1 leaves the endpoints, then is replaced (held not Ready), and a surge
+            # replica 2 of the new template starts beside it; replica 0, proven, keeps serving.
             kubelet.hold.add("demo-replica-1")
             await patch_image(kube, namespace, NEVER_LOADS)
 
@@ -111,27 +112,33 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             assert entries["demo-replica-1"]["serving"] is False
             assert entries["demo-replica-1"]["reason"].startswith("new pod at pod template")
 
-            # The rollout completes; the new revision's canary is Inconclusive: neither new pod serves.
+            # The new pods' canary is Inconclusive: neither serves, and the rollout goes no further, so
+            # the proven old replica 0 keeps serving alone.
             kubelet.hold.clear()
             inconclusive = await settled_at(kube, namespace, 2, "CanaryFailed")
             assert condition(inconclusive, "Ready")["reason"] == "CanaryInconclusive"
             new = await pod_identities(kube, namespace)
-            assert not set(new.values()) & set(proven.values())
-            await endpoints_become(kube, namespace, set(), "no pod of the unproven revision")
+            assert set(new.values()) & set(proven.values()) == {proven["demo-replica-0"]}
+            assert sorted(new) == ["demo-replica-0", "demo-replica-1", "demo-replica-2"]
+            await endpoints_become(kube, namespace, {proven["demo-replica-0"]}, "only the old proven pod")
             traffic = inconclusive["status"]["traffic"]
-            assert traffic["serving"] == 0
-            assert all("Inconclusive" in entry["reason"] for entry in traffic["pods"]), traffic
+            assert traffic["serving"] == 1
+            unproven = [entry for entry in traffic["pods"] if entry["name"] != "demo-replica-0"]
+            assert unproven and all("Inconclusive" in entry["reason"] for entry in unproven), traffic
             # Retried (inconclusive-retry-seconds) and still inconclusive: still out.
             retried = await eventually(
                 lambda: _another_run(kube, namespace, inconclusive), what="an inconclusive retry"
             )
-            assert retried["status"]["traffic"]["serving"] == 0
-            assert await client_endpoints(kube, namespace) == set()
+            assert retried["status"]["traffic"]["serving"] == 1
+            assert await client_endpoints(kube, namespace) == {proven["demo-replica-0"]}
 
-            # A revision that passes: its pods join the endpoints once proven.
+            # A revision that passes: its pods join the endpoints once proven, the last old pod is
+            # replaced after them, and the surge goes.
             await patch_image(kube, namespace, FIXED_2)
             passed = await settled_at(kube, namespace, 3, "Ready")
             final = await pod_identities(kube, namespace)
+            assert sorted(final) == ["demo-replica-0", "demo-replica-1"]
+            assert final["demo-replica-0"] != proven["demo-replica-0"]
             assert set(passed["status"]["canary"]["target"]["replicaPods"]) == set(final.values())
             await endpoints_become(kube, namespace, set(final.values()), "the proven new pods")
             assert passed["status"]["traffic"]["serving"] == 2

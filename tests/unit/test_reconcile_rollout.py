@@ -295,3 +295,39 @@ def test_a_whole_rollout_keeps_serving(replicas: int, unavailable: int, surge: i
 def test_two_replicas_by_default_never_serve_fewer_than_one() -> None:
     served = simulate(settings())
     assert min(served) == 1
+
+
+def test_removing_the_surge_pod_needs_no_new_canary_run() -> None:
+    """The pods left after the surge goes were all proven by the last passing run; a failed or
+    inconclusive run, or a pod not in it, still makes the canary due."""
+    from datetime import UTC, datetime
+
+    from mooncake_operator.api.status import CanaryStatus
+    from mooncake_operator.reconcile.decide.schedule import canary_due, current_target
+
+    def target(*pods: str):  # type: ignore[no-untyped-def]
+        return current_target(
+            revision="r",
+            generation=1,
+            replica_pods=list(pods),
+            master_pod=None,
+            master_restarts=0,
+            rerun=None,
+        )
+
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def last(verdict: str, *pods: str) -> CanaryStatus:
+        return CanaryStatus(
+            run_id="x", verdict=verdict, reason="", finished_at="2026-12-01T00:00:00Z", target=target(*pods)
+        )
+
+    def due(before: CanaryStatus, *pods: str) -> str | None:
+        return canary_due(
+            before, target(*pods), now=now, interval_seconds=None, inconclusive_retry_seconds=60
+        )
+
+    three = ("a-0=u0", "a-1=u1", "a-2=u2")
+    assert due(last("Passed", *three), "a-0=u0", "a-1=u1") is None
+    assert due(last("Failed", *three), "a-0=u0", "a-1=u1") is not None
+    assert due(last("Passed", *three), "a-0=u0", "a-1=u9") is not None
