@@ -224,8 +224,10 @@ async def test_rollback_restores_the_last_good_revision_and_proves_it_again(
     assert replicas["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":fixed")
     reasons = [e["reason"] for e in await events(kube, namespace)]
     assert "RollingBack" in reasons and "RolledBack" in reasons
-    # The failed run was recorded before the rollback: three runs in all (good, buggy, restored).
-    assert canary_posts(fakes) == 12
+    # The failed run was recorded before the rollback: three runs in all: good (2 pairs), the buggy
+    # template's first two pods (2 pairs, in place with a surge pod), and the restored template over
+    # all three pods (3 pairs: the kept old pod and the two replaced ones, before the surge goes).
+    assert canary_posts(fakes) == 4 + 4 + 6
 
 
 async def plant_image_in_last_good(kube: KubeClient, namespace: str, image: str) -> str:

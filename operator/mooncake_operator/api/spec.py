@@ -327,6 +327,48 @@ class SpeculativeSpec(ApiModel):
         return self
 
 
+class EndpointPickerRef(ApiModel):
+    """The endpoint picker (the Gateway API Inference Extension's EPP) the InferencePool names."""
+
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the endpoint picker (a Service, by default)."
+    )
+    port: int = Field(
+        ge=1,
+        le=65535,
+        description="Port of the endpoint picker's Service (the service port, not the target).",
+    )
+    kind: str = Field(
+        default="Service",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$",
+        description="Kind of the referent.",
+    )
+    group: str = Field(
+        default="",
+        max_length=253,
+        pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description='API group of the referent ("": the core group).',
+    )
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description=(
+            "What the gateway does when the endpoint picker does not answer. FailClose (default) drops the "
+            "request; FailOpen lets the gateway pick an endpoint of the pool itself (still a proven pod: the "
+            "pool's selector admits no other)."
+        ),
+    )
+
+
+class InferencePoolSpec(ApiModel):
+    """An `inference.networking.k8s.io/v1` InferencePool for the Gateway API Inference Extension."""
+
+    endpoint_picker: EndpointPickerRef = Field(
+        description="The endpoint picker that routes the pool's requests (you deploy it)."
+    )
+
+
 RolloutStrategy = Literal["InPlace", "BlueGreen"]
 
 
@@ -398,6 +440,14 @@ class MooncakeServingSpec(ApiModel):
     )
     rollout: RolloutSpec | None = Field(
         default=None, description="Rollout strategy of the replicas; unset: strategy InPlace."
+    )
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None,
+        description=(
+            "Opt-in: an InferencePool (inference.networking.k8s.io/v1) named like the resource, whose "
+            "selector admits only replica pods a canary proved (the client Service's selector). Needs the "
+            "InferencePool CRD in the cluster."
+        ),
     )
 
     @property

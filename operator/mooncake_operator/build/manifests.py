@@ -8,6 +8,7 @@ import yaml
 
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.build.disruption import POLICY_V1, pod_disruption_budget
+from mooncake_operator.build.inference_pool import inference_pool
 from mooncake_operator.build.master import master_children
 from mooncake_operator.build.names import Manifest
 from mooncake_operator.build.network_policy import DEFAULT_OPERATOR_NAMESPACE, network_policies
@@ -30,7 +31,8 @@ def render_all(
     partition: int | None = None,
 ) -> list[Manifest]:
     """Every child object, in apply order: network policies first (so no pod starts unprotected),
-    config and master, replicas next, services and the disruption budget for them.
+    config and master, replicas next, services and the disruption budget for them, then the
+    InferencePool when asked for.
 
     `policy_api_version`: the PodDisruptionBudget's apiVersion the cluster serves (`policy/v1` from
     Kubernetes 1.21 on; the operator asks the API server which one it serves). `replica_set`: the
@@ -60,6 +62,7 @@ def render_all(
         ),
         client_service(resource, owner_uid=owner_uid),
         pod_disruption_budget(resource, owner_uid=owner_uid, api_version=policy_api_version),
+        *([pool] if (pool := inference_pool(resource, owner_uid=owner_uid)) is not None else []),
     ]
 
 

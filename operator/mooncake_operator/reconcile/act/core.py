@@ -29,6 +29,11 @@ from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing
 from mooncake_operator.api.status import CanaryTarget, MooncakeServingStatus
 from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
 from mooncake_operator.build.etcd import ha_enabled
+from mooncake_operator.build.inference_pool import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_KIND,
+)
 from mooncake_operator.build.manifests import render_all
 from mooncake_operator.build.master import retired_workloads
 from mooncake_operator.build.names import master_pod_urls
@@ -43,6 +48,7 @@ from mooncake_operator.reconcile.act.children import (
     ApplyError,
     ImmutableChangeError,
     ensure_children,
+    remove_inference_pool,
     remove_replica_sets,
     scale_down_retired,
 )
@@ -112,6 +118,7 @@ class Runtime:
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _policy_api_version: str | None = None
+    inference_pools_watched: bool = False
 
     @classmethod
     def start(cls, settings: OperatorSettings, kube: KubeClient | None = None) -> Runtime:
@@ -163,6 +170,17 @@ class Runtime:
             await self.cache.watch_kind(WatchedKind(version, PDB_KIND, MANAGED_SELECTOR))
             self._policy_api_version = version
         return self._policy_api_version
+
+    async def watch_inference_pools(self) -> bool:
+        """Whether the API server serves InferencePools (inference.networking.k8s.io/v1); once it does,
+        they are watched like every child. Asked again on each pass until the CRD is installed."""
+        if not self.inference_pools_watched:
+            if "v1" not in await self.kube.served_versions(INFERENCE_POOL_GROUP):
+                return False
+            kind = WatchedKind(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, MANAGED_SELECTOR)
+            await self.cache.watch_kind(kind)
+            self.inference_pools_watched = True
+        return True
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, name), asyncio.Lock())
@@ -383,6 +401,15 @@ class _Pass:
             partition=rendering.step.partition if rendering.step is not None else None,
         )
         generation = self.actor.generation
+        if serving.spec.inference_pool is not None and not await self.runtime.watch_inference_pools():
+            message = (
+                "spec.inferencePool: the API server does not serve inference.networking.k8s.io/v1 "
+                "InferencePools; install the Gateway API Inference Extension's CRDs, or unset "
+                "spec.inferencePool"
+            )
+            return apply_failed(
+                self.resource, self.stored, message, generation=generation, now=self.now, timing=self.timing
+            )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
         except ImmutableChangeError as error:
@@ -395,6 +422,8 @@ class _Pass:
             return apply_failed(
                 self.resource, self.stored, message, generation=generation, now=self.now, timing=self.timing
             )
+        if serving.spec.inference_pool is None and self.runtime.inference_pools_watched:
+            await remove_inference_pool(self.kube, self.runtime.cache, serving, self.actor.owner_uid())
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
