@@ -91,8 +91,9 @@ async def crd(kube: KubeClient) -> AsyncIterator[None]:
 
 @pytest.fixture
 def fakes() -> Iterator[FakeCluster]:
-    """Two loopback fake vLLM replicas sharing a fake store."""
-    with FakeCluster.start(2) as cluster:
+    """Three loopback fake vLLM replicas sharing a fake store: ordinals 0 and 1 for spec.replicas 2, and 2
+    for an InPlace rollout's surge replica (spec.rollout.maxSurge)."""
+    with FakeCluster.start(3) as cluster:
         yield cluster
 
 

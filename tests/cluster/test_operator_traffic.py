@@ -8,8 +8,10 @@ from the one it replaced.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from tests.cluster.operator_harness import (
     FakeKubelet,
     condition,
@@ -42,6 +44,35 @@ async def client_endpoints(kube: KubeClient, namespace: str) -> set[str]:
     return found
 
 
+POOL_CRD = Path(__file__).parent / "data" / "inferencepool-crd.yaml"
+POOL_API = "inference.networking.k8s.io/v1"
+PICKER = {"endpointPicker": {"name": "demo-epp", "port": 9002}}
+
+
+async def install_pool_crd(kube: KubeClient) -> None:
+    """The InferencePool CRD this tier's API server lacks (written from the v1 API reference)."""
+    await kube.apply(yaml.safe_load(POOL_CRD.read_text(encoding="utf-8")), field_manager="operator-tests")
+
+    async def served() -> bool:
+        return "v1" in await kube.served_versions("inference.networking.k8s.io")
+
+    await eventually(served, what="InferencePools served")
+
+
+async def pool_members(kube: KubeClient, namespace: str) -> set[str]:
+    """`name=uid` of every pod the InferencePool `demo` selects: what an endpoint picker may route to
+    (it also asks for Ready, which these fake pods always are once running)."""
+    pool = await kube.get(POOL_API, "InferencePool", "demo", namespace)
+    labels = pool["spec"]["selector"]["matchLabels"]
+    selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    pods = await kube.list("v1", "Pod", namespace, label_selector=selector)
+    return {
+        f"{p['metadata']['name']}={p['metadata']['uid']}"
+        for p in pods
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
 async def pod_identities(kube: KubeClient, namespace: str) -> dict[str, str]:
     return {
         p["metadata"]["name"]: f"{p['metadata']['name']}={p['metadata']['uid']}"
@@ -50,13 +81,17 @@ async def pod_identities(kube: KubeClient, namespace: str) -> dict[str, str]:
 
 
 async def endpoints_become(kube: KubeClient, namespace: str, wanted: set[str], what: str) -> None:
+    """The client Service's endpoints, and the InferencePool's members (the same proof gate), become
+    `wanted`."""
+
     async def probe() -> bool:
-        return await client_endpoints(kube, namespace) == wanted
+        return await client_endpoints(kube, namespace) == wanted == await pool_members(kube, namespace)
 
     try:
         await eventually(probe, within=30, what=what)
     except AssertionError as error:
-        raise AssertionError(f"{error}; endpoints: {await client_endpoints(kube, namespace)}") from None
+        endpoints, members = await client_endpoints(kube, namespace), await pool_members(kube, namespace)
+        raise AssertionError(f"{error}; endpoints: {endpoints}; pool members: {members}") from None
 
 
 async def patch_image(kube: KubeClient, namespace: str, image: str) -> None:
@@ -79,15 +114,31 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
     kube: KubeClient, namespace: str, crd: None, fakes: FakeCluster, settings: OperatorSettings
 ) -> None:
     modes = {NEVER_LOADS: Mode.NEVER_LOADS}
+    await install_pool_crd(kube)
     with run_operator(settings):
         async with FakeKubelet(kube, namespace, fakes=fakes, modes_by_image=modes, node=NODE) as kubelet:
-            await kube.create(serving(namespace))
+            await kube.create(serving(namespace, inferencePool=PICKER))
             first = await wait_for_phase(kube, namespace, "Ready")
             assert first["status"]["traffic"]["serving"] == 2
+            # The proof-gated InferencePool: the client Service's selector, the engine port, the
+            # endpoint picker named, FailClose unless asked otherwise, owned by the resource.
+            pool = await kube.get(POOL_API, "InferencePool", "demo", namespace)
+            assert pool["spec"]["selector"]["matchLabels"]["serving.mooncake-operator.dev/traffic"] == "on"
+            client = await kube.get("v1", "Service", "demo", namespace)
+            assert pool["spec"]["selector"]["matchLabels"] == client["spec"]["selector"]
+            assert pool["spec"]["targetPorts"] == [{"number": first["spec"]["engine"]["port"]}]
+            picker = pool["spec"]["endpointPickerRef"]
+            assert (picker["name"], picker["port"], picker["failureMode"]) == (
+                "demo-epp",
+                {"number": 9002},
+                "FailClose",
+            )
+            assert pool["metadata"]["ownerReferences"][0]["kind"] == KIND
             proven = await pod_identities(kube, namespace)
             await endpoints_become(kube, namespace, set(proven.values()), "both proven pods in the endpoints")
 
-            # In place: replica 1 is replaced first and held not Ready; replica 0, proven, keeps serving.
+            # In place: replica 1 leaves the endpoints, then is replaced (held not Ready), and a surge
+            # replica 2 of the new template starts beside it; replica 0, proven, keeps serving.
             kubelet.hold.add("demo-replica-1")
             await patch_image(kube, namespace, NEVER_LOADS)
 
@@ -111,30 +162,45 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             assert entries["demo-replica-1"]["serving"] is False
             assert entries["demo-replica-1"]["reason"].startswith("new pod at pod template")
 
-            # The rollout completes; the new revision's canary is Inconclusive: neither new pod serves.
+            # The new pods' canary is Inconclusive: neither serves, and the rollout goes no further, so
+            # the proven old replica 0 keeps serving alone.
             kubelet.hold.clear()
             inconclusive = await settled_at(kube, namespace, 2, "CanaryFailed")
             assert condition(inconclusive, "Ready")["reason"] == "CanaryInconclusive"
             new = await pod_identities(kube, namespace)
-            assert not set(new.values()) & set(proven.values())
-            await endpoints_become(kube, namespace, set(), "no pod of the unproven revision")
+            assert set(new.values()) & set(proven.values()) == {proven["demo-replica-0"]}
+            assert sorted(new) == ["demo-replica-0", "demo-replica-1", "demo-replica-2"]
+            await endpoints_become(kube, namespace, {proven["demo-replica-0"]}, "only the old proven pod")
             traffic = inconclusive["status"]["traffic"]
-            assert traffic["serving"] == 0
-            assert all("Inconclusive" in entry["reason"] for entry in traffic["pods"]), traffic
+            assert traffic["serving"] == 1
+            unproven = [entry for entry in traffic["pods"] if entry["name"] != "demo-replica-0"]
+            assert unproven and all("Inconclusive" in entry["reason"] for entry in unproven), traffic
             # Retried (inconclusive-retry-seconds) and still inconclusive: still out.
             retried = await eventually(
                 lambda: _another_run(kube, namespace, inconclusive), what="an inconclusive retry"
             )
-            assert retried["status"]["traffic"]["serving"] == 0
-            assert await client_endpoints(kube, namespace) == set()
+            assert retried["status"]["traffic"]["serving"] == 1
+            assert await client_endpoints(kube, namespace) == {proven["demo-replica-0"]}
 
-            # A revision that passes: its pods join the endpoints once proven.
+            # A revision that passes: its pods join the endpoints once proven, the last old pod is
+            # replaced after them, and the surge goes.
             await patch_image(kube, namespace, FIXED_2)
             passed = await settled_at(kube, namespace, 3, "Ready")
             final = await pod_identities(kube, namespace)
-            assert set(passed["status"]["canary"]["target"]["replicaPods"]) == set(final.values())
+            assert sorted(final) == ["demo-replica-0", "demo-replica-1"]
+            assert final["demo-replica-0"] != proven["demo-replica-0"]
+            # The last run proved the two pods that stay and the surge pod removed after it.
+            assert set(passed["status"]["canary"]["target"]["replicaPods"]) > set(final.values())
             await endpoints_become(kube, namespace, set(final.values()), "the proven new pods")
             assert passed["status"]["traffic"]["serving"] == 2
+
+            # Unset: the pool goes (a gateway must not keep routing through it).
+            await kube.patch_merge(API_VERSION, KIND, "demo", {"spec": {"inferencePool": None}}, namespace)
+
+            async def pool_gone() -> bool:
+                return await kube.get_or_none(POOL_API, "InferencePool", "demo", namespace) is None
+
+            await eventually(pool_gone, what="the InferencePool removed")
 
 
 async def _another_run(kube: KubeClient, namespace: str, before: dict[str, Any]) -> dict[str, Any] | None:

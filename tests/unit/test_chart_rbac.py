@@ -151,12 +151,17 @@ def test_nothing_broader_than_needed(values: dict[str, Any], tmp_path: Path) -> 
         *(permissions(r) for r in by_kind(manifests, "ClusterRole") + by_kind(manifests, "Role"))
     )
     assert not [p for p in granted if "*" in p], "no wildcards"
-    # The one delete: a BlueGreen rollout retires a replica StatefulSet while its owner lives.
+    # The two deletes, of children whose owner lives on: a BlueGreen rollout retires a replica
+    # StatefulSet; an unset spec.inferencePool removes the pool.
+    allowed_deletes = {
+        ("apps", "statefulsets", "delete"),
+        ("inference.networking.k8s.io", "inferencepools", "delete"),
+    }
     assert not [
         p
         for p in granted
         if p[2] in ("delete", "deletecollection", "update", "escalate", "bind", "impersonate")
-        and p != ("apps", "statefulsets", "delete")
+        and p not in allowed_deletes
     ]
     assert not [
         p for p in granted if p[1] in ("secrets", "nodes", "clusterroles", "roles", "serviceaccounts")
@@ -171,7 +176,10 @@ def test_the_doc_parser_reads_what_the_doc_says() -> None:
     assert ("apps", "statefulsets", "create") in tables["Application"]
     assert ("", "events", "create") in tables["Application"]
     assert ("apiextensions.k8s.io", "customresourcedefinitions", "watch") in tables["Framework"]
-    assert [p for p in tables["Application"] if p[2] == "delete"] == [("apps", "statefulsets", "delete")]
+    assert sorted(p for p in tables["Application"] if p[2] == "delete") == [
+        ("apps", "statefulsets", "delete"),
+        ("inference.networking.k8s.io", "inferencepools", "delete"),
+    ]
 
 
 # --- the helm test Pod: its own account, reading the one resource it proves ---------------------------

@@ -454,6 +454,7 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
         run = await _Pass(runtime, actor, MooncakeServingStatus(), runtime.clock()).run_canary(
             serving,
             "x-replica",
+            ["x-replica-0", "x-replica-1"],
             RunCanary(target, "no canary has run against these replicas yet"),
             Observation(MasterState(False, ""), ReplicaState(2, 0, False, "")),
         )

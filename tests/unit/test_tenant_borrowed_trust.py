@@ -162,7 +162,7 @@ async def test_the_canary_reaches_each_replica_at_the_ip_of_the_pod_this_resourc
         actor = _Actor(runtime, resource.to_wire())
         actor.resource = resource
         urls = _Pass(runtime, actor, MooncakeServingStatus(), runtime.clock()).replica_urls(
-            resource, "demo-replica", seen
+            resource, "demo-replica", ["demo-replica-0", "demo-replica-1"], seen
         )
     finally:
         await runtime.close()

@@ -2,7 +2,7 @@
 The operator's permissions, least privilege: exactly the list in docs/operator.md ("RBAC"), which
 tests/unit/test_chart_rbac.py compares these rules with. Nothing deletes but replica StatefulSets (the
 garbage collector removes children through their owner references; a BlueGreen rollout retires a replica
-set while its owner lives), nothing reads Secrets (the HF token is a secretKeyRef the
+set while its owner lives) and an InferencePool no longer asked for, nothing reads Secrets (the HF token is a secretKeyRef the
 kubelet resolves), no kopf peering objects (the operator runs standalone).
 */}}
 
@@ -64,6 +64,11 @@ authorized as a create. */}}
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["list", "watch", "create", "patch"]
+# spec.inferencePool: the InferencePool (Gateway API Inference Extension), applied and watched once the
+# API server serves it; deleted when spec.inferencePool is unset (only the resource's own pool).
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
 # Replica and master pods (watched): readiness, pod UIDs and restarts (canary triggers), and the
 # traffic label that takes a replica out of the client Service when the canary blames it.
 - apiGroups: [""]

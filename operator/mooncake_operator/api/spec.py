@@ -327,6 +327,48 @@ class SpeculativeSpec(ApiModel):
         return self
 
 
+class EndpointPickerRef(ApiModel):
+    """The endpoint picker (the Gateway API Inference Extension's EPP) the InferencePool names."""
+
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of the endpoint picker (a Service, by default)."
+    )
+    port: int = Field(
+        ge=1,
+        le=65535,
+        description="Port of the endpoint picker's Service (the service port, not the target).",
+    )
+    kind: str = Field(
+        default="Service",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$",
+        description="Kind of the referent.",
+    )
+    group: str = Field(
+        default="",
+        max_length=253,
+        pattern=r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description='API group of the referent ("": the core group).',
+    )
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description=(
+            "What the gateway does when the endpoint picker does not answer. FailClose (default) drops the "
+            "request; FailOpen lets the gateway pick an endpoint of the pool itself (still a proven pod: the "
+            "pool's selector admits no other)."
+        ),
+    )
+
+
+class InferencePoolSpec(ApiModel):
+    """An `inference.networking.k8s.io/v1` InferencePool for the Gateway API Inference Extension."""
+
+    endpoint_picker: EndpointPickerRef = Field(
+        description="The endpoint picker that routes the pool's requests (you deploy it)."
+    )
+
+
 RolloutStrategy = Literal["InPlace", "BlueGreen"]
 
 
@@ -341,6 +383,34 @@ class RolloutSpec(ApiModel):
             "canary proves it alone, and only then the client Service switches to it and the old set is "
             "removed (a failed canary never switches: onFailure Hold keeps the new set for inspection, "
             "Rollback removes it). It costs twice the replicas' GPUs during a rollout."
+        ),
+    )
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description=(
+            "InPlace: how many proven replicas a rollout may take out of the client Service at a time; at "
+            "least replicas - maxUnavailable proven replicas keep serving throughout (with 2 replicas and "
+            "the default 1, one keeps serving)."
+        ),
+    )
+    max_surge: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_REPLICAS,
+        description=(
+            "InPlace: how many replicas beyond spec.replicas a rollout may add (each needs its GPUs), so "
+            "that the first new replicas have a partner of their own pod template for the canary; removed "
+            "once every replica runs the new template and is proven. maxSurge + maxUnavailable must be at "
+            "least 2 when the canary is on."
+        ),
+    )
+    paused: bool = Field(
+        default=False,
+        description=(
+            "Hold any rollout: no replica pod is created, replaced or removed for a new pod template, and "
+            "status.rollout.message says what waits; setting it back to false goes on from there."
         ),
     )
 
@@ -371,10 +441,22 @@ class MooncakeServingSpec(ApiModel):
     rollout: RolloutSpec | None = Field(
         default=None, description="Rollout strategy of the replicas; unset: strategy InPlace."
     )
+    inference_pool: InferencePoolSpec | None = Field(
+        default=None,
+        description=(
+            "Opt-in: an InferencePool (inference.networking.k8s.io/v1) named like the resource, whose "
+            "selector admits only replica pods a canary proved (the client Service's selector). Needs the "
+            "InferencePool CRD in the cluster."
+        ),
+    )
 
     @property
     def rollout_strategy(self) -> RolloutStrategy:
         return self.rollout.strategy if self.rollout is not None else "InPlace"
+
+    @property
+    def rollout_settings(self) -> RolloutSpec:
+        return self.rollout if self.rollout is not None else RolloutSpec()
 
     @model_validator(mode="after")
     def _host_network_one_per_node(self) -> MooncakeServingSpec:
@@ -417,5 +499,19 @@ class MooncakeServingSpec(ApiModel):
             raise ValueError(
                 f"replicas is {self.replicas} but the canary needs at least 2 replicas (a writer and a "
                 "reader); set replicas >= 2 or canary.enabled: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _first_new_replicas_pair(self) -> MooncakeServingSpec:
+        rollout = self.rollout_settings
+        if not self.canary.enabled or rollout.strategy != "InPlace":
+            return self
+        if rollout.max_surge + min(rollout.max_unavailable, self.replicas) < 2:
+            raise ValueError(
+                f"rollout.maxSurge ({rollout.max_surge}) + rollout.maxUnavailable "
+                f"({rollout.max_unavailable}) is below 2: an InPlace rollout could never bring up two "
+                "replicas of the new pod template for the canary to pair; raise maxSurge (extra GPUs "
+                "during a rollout) or maxUnavailable (fewer replicas serving during it)"
             )
         return self

@@ -181,9 +181,13 @@ def replica_stateful_set(
     owner_uid: str | None,
     replica_set: str | None = None,
     template: ReplicaTemplate | None = None,
+    replicas: int | None = None,
+    partition: int | None = None,
 ) -> Manifest:
     """The replica StatefulSet, NAME-replica or (`replica_set`) a BlueGreen set of another name, whose
-    selector and pods also carry the set's label. `template`: the spec's, when already rendered."""
+    selector and pods also carry the set's label. `template`: the spec's, when already rendered.
+    `replicas`, `partition`: what the operator's rollout step asks (default spec.replicas, and no
+    partition: every pod at the template); the pods below the partition keep their template."""
     names = ChildNames.of(resource.metadata.name)
     spec = resource.spec
     set_name = replica_set or names.replicas
@@ -193,10 +197,14 @@ def replica_stateful_set(
     template = template or ReplicaTemplate.of(resource)
     stateful_set_spec: dict[str, Any] = {
         "serviceName": names.headless_service,
-        "replicas": spec.replicas,
+        "replicas": spec.replicas if replicas is None else replicas,
         # Replicas do not depend on each other; start and replace them in parallel (loading is slow).
         "podManagementPolicy": "Parallel",
-        "updateStrategy": {"type": "RollingUpdate"},
+        "updateStrategy": (
+            {"type": "RollingUpdate"}
+            if partition is None
+            else {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}}
+        ),
         "selector": {"matchLabels": set_selector},
         "template": template.for_set(set_selector),
     }

@@ -60,6 +60,8 @@ KNOWN_KINDS: Final[Mapping[tuple[str, str], ResourceKind]] = kinds_by_key(
     ResourceKind(
         "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False
     ),
+    # The Gateway API Inference Extension's pool (spec.inferencePool), where its CRD is installed.
+    ResourceKind("inference.networking.k8s.io/v1", "InferencePool", "inferencepools", namespaced=True),
 )
 
 

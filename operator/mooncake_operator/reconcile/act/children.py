@@ -20,7 +20,9 @@ from typing import Any
 
 from mooncake_operator.api.group import FIELD_MANAGER, GROUP, KIND
 from mooncake_operator.api.quantities import parse_quantity
+from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.build.digests import json_digest
+from mooncake_operator.build.inference_pool import INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND
 from mooncake_operator.build.master import ChildRef
 from mooncake_operator.build.names import COMPONENT_REPLICA, LABEL_COMPONENT, LABEL_MANAGED_BY, MANAGED_BY
 from mooncake_operator.build.ownership import controlled_by
@@ -205,3 +207,20 @@ async def remove_replica_sets(
         uid = (live.get("metadata") or {}).get("uid")
         await kube.delete("apps/v1", "StatefulSet", name, namespace, missing_ok=True, uid=uid)
         cache.forget("apps/v1", "StatefulSet", namespace, name)
+
+
+async def remove_inference_pool(
+    kube: KubeClient, cache: WatchCache, resource: MooncakeServing, owner_uid: str
+) -> bool:
+    """Delete the resource's InferencePool once spec.inferencePool is unset (the gateway would otherwise
+    keep routing to it): only the one this resource controls (controller reference, by UID)."""
+    namespace, name = resource.metadata.namespace, resource.metadata.name
+    live = cache.get(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, namespace, name)
+    if live is None or not controlled_by(live, KIND, owner_uid):
+        return False
+    uid = (live.get("metadata") or {}).get("uid")
+    await kube.delete(
+        INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, name, namespace, missing_ok=True, uid=uid
+    )
+    cache.forget(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, namespace, name)
+    return True

@@ -29,9 +29,14 @@ from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing
 from mooncake_operator.api.status import CanaryTarget, MooncakeServingStatus
 from mooncake_operator.build.disruption import POLICY_V1, POLICY_V1BETA1
 from mooncake_operator.build.etcd import ha_enabled
+from mooncake_operator.build.inference_pool import (
+    INFERENCE_POOL_API_VERSION,
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_KIND,
+)
 from mooncake_operator.build.manifests import render_all
 from mooncake_operator.build.master import retired_workloads
-from mooncake_operator.build.names import master_pod_urls, replica_pod_names
+from mooncake_operator.build.names import master_pod_urls
 from mooncake_operator.canary import policy
 from mooncake_operator.canary.models import CanaryResult
 from mooncake_operator.canary.runner import run_canary
@@ -43,6 +48,7 @@ from mooncake_operator.reconcile.act.children import (
     ApplyError,
     ImmutableChangeError,
     ensure_children,
+    remove_inference_pool,
     remove_replica_sets,
     scale_down_retired,
 )
@@ -112,6 +118,7 @@ class Runtime:
     metrics_server: MetricsServer | None = None
     _locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
     _policy_api_version: str | None = None
+    inference_pools_watched: bool = False
 
     @classmethod
     def start(cls, settings: OperatorSettings, kube: KubeClient | None = None) -> Runtime:
@@ -163,6 +170,17 @@ class Runtime:
             await self.cache.watch_kind(WatchedKind(version, PDB_KIND, MANAGED_SELECTOR))
             self._policy_api_version = version
         return self._policy_api_version
+
+    async def watch_inference_pools(self) -> bool:
+        """Whether the API server serves InferencePools (inference.networking.k8s.io/v1); once it does,
+        they are watched like every child. Asked again on each pass until the CRD is installed."""
+        if not self.inference_pools_watched:
+            if "v1" not in await self.kube.served_versions(INFERENCE_POOL_GROUP):
+                return False
+            kind = WatchedKind(INFERENCE_POOL_API_VERSION, INFERENCE_POOL_KIND, MANAGED_SELECTOR)
+            await self.cache.watch_kind(kind)
+            self.inference_pools_watched = True
+        return True
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((namespace, name), asyncio.Lock())
@@ -353,7 +371,7 @@ class _Pass:
             resource=self.resource,
             status=self.stored,
             rendering=rendering,
-            observation=observe(cache, serving, rendering.sets.active),
+            observation=observe(cache, serving, rendering.sets.active, rendering.rollout_view()),
             now=self.now,
             timing=self.timing,
             master_views=await self.ask_masters(serving),
@@ -363,7 +381,8 @@ class _Pass:
         if order is None:
             return await self.actor.finish(decision)
         await self.actor.carry_out(decision)
-        fresh = await self.run_canary(serving, rendering.sets.active, order, snapshot.observation)
+        pods = rendering.canary_pods()
+        fresh = await self.run_canary(serving, rendering.sets.active, pods, order, snapshot.observation)
         return await self.actor.finish(decide(snapshot, fresh, now=self.runtime.clock()))
 
     async def apply(self, rendering: Rendering) -> Decision | None:
@@ -378,8 +397,19 @@ class _Pass:
             operator_namespace=self.settings.operator_namespace,
             open_http_by_default=self.settings.open_http_by_default,
             template=rendering.template,
+            replicas=rendering.step.replicas if rendering.step is not None else None,
+            partition=rendering.step.partition if rendering.step is not None else None,
         )
         generation = self.actor.generation
+        if serving.spec.inference_pool is not None and not await self.runtime.watch_inference_pools():
+            message = (
+                "spec.inferencePool: the API server does not serve inference.networking.k8s.io/v1 "
+                "InferencePools; install the Gateway API Inference Extension's CRDs, or unset "
+                "spec.inferencePool"
+            )
+            return apply_failed(
+                self.resource, self.stored, message, generation=generation, now=self.now, timing=self.timing
+            )
         try:
             applied = await ensure_children(self.kube, self.runtime.cache, manifests)
         except ImmutableChangeError as error:
@@ -392,6 +422,8 @@ class _Pass:
             return apply_failed(
                 self.resource, self.stored, message, generation=generation, now=self.now, timing=self.timing
             )
+        if serving.spec.inference_pool is None and self.runtime.inference_pools_watched:
+            await remove_inference_pool(self.kube, self.runtime.cache, serving, self.actor.owner_uid())
         written = [f"{child.kind}/{child.name} ({child.why})" for child in applied if child.why]
         if written:
             logger.info("%s/%s applied %s", self.namespace, self.resource.metadata.name, ", ".join(written))
@@ -411,30 +443,38 @@ class _Pass:
         return tuple(await master_views(self.runtime.http, found))
 
     def replica_urls(
-        self, serving: MooncakeServing, replica_set: str, observation: Observation
+        self, serving: MooncakeServing, replica_set: str, pod_names: list[str], observation: Observation
     ) -> list[str] | str:
-        """The canary's URLs, or why there are none to use: the IPs of the set's pods as observed (the
-        pods this resource's StatefulSet created). Mapped URLs (an operator outside the cluster, tests)
-        are looked up by the set's name, then by the resource's."""
+        """The canary's URLs of `pod_names` (ordinal order), or why there are none to use: the IPs of the
+        set's pods as observed (the pods this resource's StatefulSet created). Mapped URLs (an operator
+        outside the cluster, tests) are looked up by the set's name, then by the resource's, and listed
+        by ordinal (a rollout's surge pods follow spec.replicas' ordinals)."""
         mapped = self.settings.endpoints_for(self.namespace, replica_set) or self.settings.endpoints_for(
             self.namespace, serving.metadata.name
         )
         if mapped is None:
-            pod_names = replica_pod_names(serving, replica_set)
             return canary_urls(observation, pod_names, serving.spec.engine.port)
-        if len(mapped) != serving.spec.replicas:
+        ordinals = [int(name.rsplit("-", 1)[1]) for name in pod_names]
+        if len(mapped) < serving.spec.replicas or any(ordinal >= len(mapped) for ordinal in ordinals):
             return (
                 f"the operator's replica endpoints list {len(mapped)} URLs for "
                 f"{self.namespace}/{serving.metadata.name}, but spec.replicas is {serving.spec.replicas}"
+                + (f" and the canary proves ordinals up to {max(ordinals)}" if ordinals else "")
             )
-        return list(mapped)
+        return [mapped[ordinal] for ordinal in ordinals]
 
     async def run_canary(
-        self, serving: MooncakeServing, replica_set: str, order: RunCanary, observation: Observation
+        self,
+        serving: MooncakeServing,
+        replica_set: str,
+        pod_names: list[str],
+        order: RunCanary,
+        observation: Observation,
     ) -> CanaryRun:
-        """Run it against the set's pods; returns the status evidence and the pods a failure blames."""
+        """Run it against `pod_names` of the set; returns the status evidence and the pods a failure
+        blames."""
         logger.info("%s/%s canary: %s", self.namespace, serving.metadata.name, order.why)
-        fresh = await self._run_canary(serving, replica_set, order.target, observation)
+        fresh = await self._run_canary(serving, replica_set, pod_names, order.target, observation)
         logger.info(
             "%s/%s canary %s: %s",
             self.namespace,
@@ -448,10 +488,11 @@ class _Pass:
         self,
         serving: MooncakeServing,
         replica_set: str,
+        pod_names: list[str],
         target: CanaryTarget,
         observation: Observation,
     ) -> CanaryRun:
-        urls = self.replica_urls(serving, replica_set, observation)
+        urls = self.replica_urls(serving, replica_set, pod_names, observation)
         if isinstance(urls, str):
             return not_run(urls, run_id="not-run", now=self.runtime.clock(), target=target)
         config, lowered = self.settings.limit_canary(policy.canary_config(serving.spec, urls))
@@ -471,7 +512,6 @@ class _Pass:
                 "(--canary-run-deadline-seconds): replicas that accept and never answer?"
             )
             return not_run(why, run_id="deadline", now=self.runtime.clock(), target=target)
-        pod_names = replica_pod_names(serving, replica_set)
         fresh = judge(result, serving.spec, target=target, pod_names=pod_names)
         self.runtime.metrics.canary_duration.observe(result.wall_s)
         self.runtime.metrics.canary_runs.labels(verdict=fresh.canary.verdict.value).inc()

@@ -17,8 +17,10 @@ from mooncake_operator.reconcile.act.cache import MAX_FOREIGN_NAMES, WatchCache,
 from mooncake_operator.reconcile.decide.observe import (
     LiveSet,
     Observation,
+    RolloutView,
     component_of,
     ha_master_rollout_state,
+    live_set,
     master_state,
     name_of,
     pod_info,
@@ -42,22 +44,37 @@ def owned_replica_sets(cache: WatchCache, resource: MooncakeServing) -> dict[str
 
 
 def replica_sets(cache: WatchCache, resource: MooncakeServing) -> list[LiveSet]:
-    """The resource's replica StatefulSets (not being deleted), by name."""
+    """The resource's replica StatefulSets (not being deleted), by name, each with the pods it created."""
     found = []
+    pods = cache.owned("v1", "Pod", resource.metadata.namespace, resource.metadata.name)
+    owned = owned_replica_sets(cache, resource)
     for stateful_set in cache.owned(
         "apps/v1", "StatefulSet", resource.metadata.namespace, resource.metadata.name
     ):
         metadata = stateful_set.get("metadata") or {}
         if component_of(stateful_set) != COMPONENT_REPLICA or metadata.get("deletionTimestamp"):
             continue
+        uid = str(metadata.get("uid") or "")
+        created = [
+            pod
+            for pod in pods
+            if uid in owned
+            and (controller_reference(pod) or {}).get("kind") == "StatefulSet"
+            and (controller_reference(pod) or {}).get("uid") == uid
+        ]
         template = (metadata.get("annotations") or {}).get(TEMPLATE_ANNOTATION)
-        found.append(LiveSet(str(metadata.get("name", "")), template))
+        found.append(live_set(stateful_set, created, template))
     return sorted(found, key=lambda live: live.name)
 
 
-def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | None = None) -> Observation:
+def observe(
+    cache: WatchCache,
+    resource: MooncakeServing,
+    replica_set: str | None = None,
+    rollout: RolloutView | None = None,
+) -> Observation:
     """From the watch cache: the master, the replica set `replica_set` (default NAME-replica) and the
-    resource's pods, by component and set."""
+    resource's pods, by component and set; `rollout`: the InPlace rollout's new and kept pods."""
     name, namespace = resource.metadata.name, resource.metadata.namespace
     names = ChildNames.of(name)
     set_name = replica_set or names.replicas
@@ -86,5 +103,5 @@ def observe(cache: WatchCache, resource: MooncakeServing, replica_set: str | Non
         if ha
         else master_state(master_workload, master_pods)
     )
-    replicas = replica_state(resource, stateful_set if set_uids else None, own, set_name)
+    replicas = replica_state(resource, stateful_set if set_uids else None, own, set_name, rollout=rollout)
     return Observation(master, replicas, others, tuple(sorted(foreign)[:MAX_FOREIGN_NAMES]))

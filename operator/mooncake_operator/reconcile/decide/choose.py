@@ -20,12 +20,19 @@ from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.api.spec import MooncakeServingSpec, RolloutStrategy
 from mooncake_operator.api.status import CanaryStatus, MooncakeServingStatus
 from mooncake_operator.build.digests import spec_hash
-from mooncake_operator.build.names import replica_set_name
+from mooncake_operator.build.names import replica_pod_names, replica_set_name
 from mooncake_operator.build.replicas import ReplicaTemplate
 from mooncake_operator.reconcile.decide import status
-from mooncake_operator.reconcile.decide.observe import LiveSet, in_set
+from mooncake_operator.reconcile.decide.observe import LiveSet, PodInfo, RolloutView, in_set
 from mooncake_operator.reconcile.decide.revisions import LastGood, verified_last_good
-from mooncake_operator.reconcile.decide.traffic import previous_traffic
+from mooncake_operator.reconcile.decide.rollout import (
+    InPlaceSettings,
+    InPlaceStep,
+    LiveShape,
+    SlotPod,
+    plan_in_place,
+)
+from mooncake_operator.reconcile.decide.traffic import previous_traffic, unproven_if_restarted
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,28 @@ class Rendering:
     sets: SetChoice
     last_good: LastGood | None = None  # the NAME-last-good record, when trusted
     last_good_refused: str | None = None  # why the stored last good record was not trusted
+    step: InPlaceStep | None = None  # the active set's replicas and partition (None: the spec's, 0)
+
+    def canary_pods(self) -> list[str]:
+        """The active set's pods the canary proves: every ordinal, or during an InPlace rollout the
+        new pod template's (`InPlaceStep.new_ordinals`)."""
+        if self.step is None or not self.step.rolling:
+            return replica_pod_names(self.serving, self.sets.active)
+        return [f"{self.sets.active}-{ordinal}" for ordinal in self.step.new_ordinals]
+
+    def rollout_view(self) -> RolloutView | None:
+        """What readiness needs of an InPlace rollout (None: none in progress)."""
+        step = self.step
+        if step is None or not step.rolling:
+            return None
+        new = tuple(self.canary_pods())
+        kept = tuple(f"{self.sets.active}-{ordinal}" for ordinal in range(step.partition))
+        waiting = ""
+        if step.message.startswith("rollout paused"):
+            waiting = step.message
+        elif len(new) < 2 and self.serving.spec.canary.enabled:
+            waiting = "the first replica of the new pod template waits for a second to pair with"
+        return RolloutView(new, kept, waiting)
 
 
 def rerun_value(resource: MooncakeServing) -> str | None:
@@ -138,6 +167,64 @@ def choose_sets(
     return SetChoice(strategy, candidate, serving, remove=others(serving, candidate))
 
 
+def _ordinal(pod: PodInfo, replica_set: str) -> int | None:
+    return int(pod.name.rsplit("-", 1)[1]) if in_set(pod.name, replica_set) else None
+
+
+def in_place_step(
+    resource: MooncakeServing,
+    replicas: int,
+    current: MooncakeServingStatus,
+    sets: SetChoice,
+    live: Sequence[LiveSet],
+    template: str,
+) -> InPlaceStep:
+    """The active set's replicas and partition: `rollout.plan_in_place` for the set the spec rolls in
+    place; a BlueGreen candidate starts whole (none of its pods while paused). The rollout settings are
+    the user's spec's (also while a rolled-back revision is rendered); `replicas` the rendered one's."""
+    spec = resource.spec
+    rollout = spec.rollout_settings
+    found = next((item for item in live if item.name == sets.active), None)
+    if sets.candidate is not None:
+        if rollout.paused:
+            held = found.replicas if found is not None else 0
+            message = (
+                f"rollout paused (spec.rollout.paused): candidate {sets.candidate} holds {held} pod(s); "
+                "set spec.rollout.paused to false to go on"
+            )
+            return InPlaceStep(replicas=held, partition=0, rolling=True, message=message)
+        return InPlaceStep(replicas=replicas, partition=0)
+    settings = InPlaceSettings(
+        replicas=replicas,
+        max_unavailable=rollout.max_unavailable,
+        max_surge=rollout.max_surge,
+        paused=rollout.paused,
+        canary=spec.canary.enabled,
+    )
+    if found is None:
+        return plan_in_place(settings, None, ())
+    # A pod runs the rendered template when its set carries it and the pod has the set's update hash.
+    current_template = found.template == template and found.observed and found.update_revision is not None
+    previous = previous_traffic(current)
+    pods = []
+    for pod in found.pods:
+        ordinal = _ordinal(pod, found.name)
+        if ordinal is None:
+            continue
+        entry = unproven_if_restarted(pod, previous.get(pod.uid))
+        pods.append(
+            SlotPod(
+                ordinal=ordinal,
+                name=pod.name,
+                current=current_template and pod.template_hash == found.update_revision,
+                serving=entry is not None and entry.serving,
+                terminating=pod.terminating,
+            )
+        )
+    shape = LiveShape(found.replicas, found.partition, observed=found.observed)
+    return plan_in_place(settings, shape, pods)
+
+
 def rendering(
     resource: MooncakeServing,
     current: MooncakeServingStatus,
@@ -151,7 +238,8 @@ def rendering(
     serving = resource.model_copy(update={"spec": choice.spec})
     template = ReplicaTemplate.of(serving)
     sets = choose_sets(resource, current, live, template.id)
-    return Rendering(choice, serving, template, sets, last_good, last_good_refused)
+    step = in_place_step(resource, choice.spec.replicas, current, sets, live, template.id)
+    return Rendering(choice, serving, template, sets, last_good, last_good_refused, step)
 
 
 def choose(

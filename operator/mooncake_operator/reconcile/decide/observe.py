@@ -54,18 +54,54 @@ class ReplicaState:
     rolled_out: bool
     message: str
     pods: tuple[PodInfo, ...] = ()  # every replica pod found, ordered by name
+    expected: int | None = None  # during an InPlace rollout: the new pods the canary proves
 
     @property
     def all_ready(self) -> bool:
-        return self.rolled_out and self.ready == self.desired
+        return self.rolled_out and self.ready == (self.desired if self.expected is None else self.expected)
+
+
+@dataclass(frozen=True)
+class RolloutView:
+    """An InPlace rollout as readiness sees it: the pods of the new template (what the canary proves),
+    the pods kept at their template, and what keeps the new pods from being proven (empty: nothing)."""
+
+    new: tuple[str, ...]
+    kept: tuple[str, ...]
+    waiting: str = ""
 
 
 @dataclass(frozen=True)
 class LiveSet:
-    """A replica StatefulSet of the resource, as found."""
+    """A replica StatefulSet of the resource, as found: its template annotation (None: applied before
+    sets carried one) and, for the InPlace rollout's planner, its replicas, partition, whether its
+    controller observed its generation, the template hash its updated pods carry, and its pods."""
 
     name: str
-    template: str | None  # its template annotation (None: applied before sets carried one)
+    template: str | None
+    replicas: int = 0
+    partition: int | None = None
+    observed: bool = False
+    update_revision: str | None = None
+    pods: tuple[PodInfo, ...] = ()
+
+
+def live_set(
+    stateful_set: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], template: str | None
+) -> LiveSet:
+    spec = stateful_set.get("spec") or {}
+    status = stateful_set.get("status") or {}
+    rolling = (spec.get("updateStrategy") or {}).get("rollingUpdate") or {}
+    partition = rolling.get("partition")
+    return LiveSet(
+        name=name_of(stateful_set),
+        template=template,
+        replicas=int(spec.get("replicas") or 0),
+        partition=int(partition) if partition is not None else None,
+        observed=_generation_observed(stateful_set),
+        update_revision=status.get("updateRevision"),
+        pods=tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name)),
+    )
 
 
 @dataclass(frozen=True)
@@ -155,10 +191,16 @@ def replica_state(
     stateful_set: Mapping[str, Any] | None,
     pods: Sequence[Mapping[str, Any]],
     replica_set: str | None = None,
+    *,
+    rollout: RolloutView | None = None,
 ) -> ReplicaState:
-    """The set `replica_set` (default NAME-replica): `pods` are that set's."""
+    """The set `replica_set` (default NAME-replica): `pods` are that set's. During an InPlace rollout
+    (`rollout`), the pods the canary proves are the set's new ones; the others keep their template."""
     desired = resource.spec.replicas
     names = replica_pod_names(resource, replica_set)
+    kept: tuple[str, ...] = ()
+    if rollout is not None:
+        names, kept = list(rollout.new), rollout.kept
     infos = tuple(sorted((pod_info(pod) for pod in pods), key=lambda info: info.name))
     if stateful_set is None:
         return ReplicaState(desired, 0, False, "replica StatefulSet not found", infos)
@@ -180,8 +222,10 @@ def replica_state(
     outdated = [
         info.name for info in current if info is not None and info.template_hash != update_template_hash
     ]
-    extra = sorted(set(by_name) - set(names))
+    extra = sorted(set(by_name) - set(names) - set(kept))
     problems = []
+    if rollout is not None and rollout.waiting:
+        problems.append(rollout.waiting)
     if missing:
         problems.append(f"not created yet: {', '.join(missing)}")
     if outdated:
@@ -195,10 +239,15 @@ def replica_state(
         problems.append(f"not ready: {', '.join(unready)}")
     if extra:
         problems.append(f"scaling down: {', '.join(extra)}")
-    message = f"{len(ready)}/{desired} replicas ready"
+    if rollout is None:
+        message = f"{len(ready)}/{desired} replicas ready"
+    else:
+        message = f"{len(ready)}/{len(names)} replicas of the new pod template ready"
     if problems:
         message += "; " + "; ".join(problems)
-    return ReplicaState(desired, len(ready), not (outdated or extra or missing), message, infos)
+    rolled_out = not (outdated or extra or missing or (rollout is not None and rollout.waiting))
+    expected = len(names) if rollout is not None else None
+    return ReplicaState(desired, len(ready), rolled_out, message, infos, expected)
 
 
 def in_set(pod_name: str, replica_set: str) -> bool:

@@ -31,7 +31,7 @@ from mooncake_operator.api.status import (
     TrafficStatus,
 )
 from mooncake_operator.build.etcd import ha_enabled
-from mooncake_operator.build.names import replica_pod_names, replica_selector_string
+from mooncake_operator.build.names import replica_selector_string
 from mooncake_operator.canary.status import format_time
 from mooncake_operator.reconcile.decide import status
 from mooncake_operator.reconcile.decide.actions import (
@@ -52,6 +52,7 @@ from mooncake_operator.reconcile.decide.conditions import READY, find, merge_con
 from mooncake_operator.reconcile.decide.leadership import MasterView, find_leader, track
 from mooncake_operator.reconcile.decide.observe import Observation
 from mooncake_operator.reconcile.decide.revisions import LastGood
+from mooncake_operator.reconcile.decide.rollout import InPlaceStep
 from mooncake_operator.reconcile.decide.schedule import canary_due, current_target, interval_due_in
 from mooncake_operator.reconcile.decide.traffic import label_changes, next_held, next_traffic
 
@@ -91,6 +92,8 @@ class _Inputs:
     fresh: CanaryRun | None = None  # a run that finished in this pass
     high_availability: HighAvailabilityStatus | None = None  # the masters' leader, as tracked this pass
     last_good_refused: str | None = None
+    canary_pods: tuple[str, ...] = ()  # the active set's pods the canary proves (Rendering.canary_pods)
+    step: InPlaceStep | None = None  # the InPlace rollout's step (Rendering.step)
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class _Plan:
 def canary_target(inputs: _Inputs) -> CanaryTarget:
     serving = inputs.resource.model_copy(update={"spec": inputs.choice.spec})
     by_name = {pod.name: pod for pod in inputs.observation.replicas.pods}
-    names = replica_pod_names(serving, inputs.sets.active)
+    names = inputs.canary_pods
     master = inputs.observation.master.pod
     return current_target(
         revision=inputs.choice.revisions.serving,
@@ -223,11 +226,14 @@ def rollout_status(
     *,
     switched: bool = False,
     removed_candidate: bool = False,
+    step: InPlaceStep | None = None,
 ) -> RolloutStatus:
-    """The serving set and, during a BlueGreen rollout, the candidate and its phase."""
+    """The serving set and, during a BlueGreen rollout, the candidate and its phase; during an InPlace
+    rollout (or a paused one), what it does or waits for (`step`)."""
     candidate = sets.candidate
+    step_message = step.message if step is not None else ""
     if candidate is None or sets.serving is None:
-        return RolloutStatus(strategy=sets.strategy, serving_set=sets.active)
+        return RolloutStatus(strategy=sets.strategy, serving_set=sets.active, message=step_message)
     run = canary.run_id if canary is not None else "?"
     if switched:
         message = (
@@ -258,7 +264,7 @@ def rollout_status(
         serving_set=sets.serving,
         candidate_set=candidate,
         candidate_phase=shown,
-        message=messages[shown],
+        message=step_message or messages[shown],
     )
 
 
@@ -318,8 +324,13 @@ def _plan(inputs: _Inputs) -> _Plan:
             candidate=sets.candidate,
             serving_set=sets.serving,
             switched=switched,
+            retire=inputs.step.retire if inputs.step is not None else (),
         )
-        rollout = rollout_status(sets, phase, canary, switched=switched, removed_candidate=roll_back)
+        rollout = rollout_status(
+            sets, phase, canary, switched=switched, removed_candidate=roll_back, step=inputs.step
+        )
+        if inputs.step is not None and inputs.step.rolling and reported.phase == "Ready":
+            reported = status.still_rolling(reported, inputs.step.message)
         removed = sets.remove
         if sets.serving is not None and switched:
             removed += (sets.serving,)
@@ -414,6 +425,8 @@ def decide(snapshot: Snapshot, fresh: CanaryRun | None = None, *, now: datetime 
         sets=rendered.sets,
         high_availability=high_availability,
         last_good_refused=rendered.last_good_refused,
+        canary_pods=tuple(rendered.canary_pods()),
+        step=rendered.step,
     )
     first = _plan(inputs)
     if fresh is None:

@@ -50,7 +50,9 @@ def canary_due(
         return f"revision {target.revision} is rolled out (last canary: {before.revision})"
     if before.generation != target.generation:
         return f"generation {target.generation} (last canary: {before.generation})"
-    if before.replica_pods != target.replica_pods:
+    shrunk = set(target.replica_pods) < set(before.replica_pods) and last.verdict == "Passed"
+    # Fewer pods, each proven by the last run (e.g. an InPlace rollout's surge pod removed): nothing new.
+    if before.replica_pods != target.replica_pods and not shrunk:
         changed = sorted(set(target.replica_pods) - set(before.replica_pods))
         before_uids = {item.split("#")[0] for item in before.replica_pods}
         replaced = [item.split("=")[0] for item in changed if item.split("#")[0] not in before_uids]

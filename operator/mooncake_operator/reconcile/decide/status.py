@@ -243,3 +243,10 @@ def rolling_back(
 def event_type(phase: Phase, reason: str) -> str:
     warning = phase in WARNING_PHASES or reason in WARNING_REASONS
     return "Warning" if warning else "Normal"
+
+
+def still_rolling(reported: PhaseAndConditions, message: str) -> PhaseAndConditions:
+    """An InPlace rollout's canary passed for the pods of the new template, but pods of the previous one
+    remain (or the surge is still up): not Ready until the rollout is done."""
+    ready = cond.false(Reason.DEPLOYING, message)
+    return PhaseAndConditions("Deploying", {**reported.conditions, cond.READY: ready})

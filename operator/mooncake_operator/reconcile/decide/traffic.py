@@ -136,9 +136,11 @@ def next_traffic(
     candidate: str | None = None,
     serving_set: str | None = None,
     switched: bool = False,
+    retire: Sequence[str] = (),
 ) -> TrafficStatus:
     """Every live replica pod (terminating ones are leaving the Service anyway), by name: the active
-    set's, then the other sets'. A BlueGreen `candidate`'s pods stay out until the switch (`switched`)."""
+    set's, then the other sets'. A BlueGreen `candidate`'s pods stay out until the switch (`switched`);
+    an InPlace rollout's `retire` pods leave now (they are replaced, or removed, once out)."""
     previous = previous_traffic(current)
     pods = []
     for pod in observation.replicas.pods:
@@ -148,6 +150,9 @@ def next_traffic(
         if candidate is not None and not switched and entry.serving:
             reason = f"BlueGreen candidate set {candidate}: serves from the switch on"
             entry = entry.model_copy(update={"serving": False, "reason": reason})
+        if pod.name in retire:
+            reason = "leaving: the InPlace rollout replaces or removes this pod once it is out of traffic"
+            entry = entry.model_copy(update={"serving": False, "reason": reason, "proven_by": None})
         pods.append(entry)
     switched_to = candidate if switched else None
     pods += [
