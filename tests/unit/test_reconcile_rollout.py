@@ -222,6 +222,29 @@ def test_the_controller_not_caught_up_retires_nothing() -> None:
     assert step.retire == () and step.partition == 1
 
 
+@pytest.mark.parametrize("partition", [None, 0])
+def test_a_steady_set_its_controller_has_not_caught_up_with_grows_no_surge_pod(partition: int | None) -> None:
+    """The set already carries the rendered template, its controller has not observed the last apply
+    yet: every pod's hash reads as old, but nothing rolls: the shape holds, no surge pod, nobody retired."""
+    live = LiveShape(2, partition, observed=False, carries_template=True)
+    step = plan_in_place(settings(), live, pods(OLD, OLD))
+    assert (step.replicas, step.partition, step.retire, step.rolling) == (2, 0, (), False)
+
+
+def test_a_rolling_set_its_controller_has_not_caught_up_with_holds_its_shape() -> None:
+    live = LiveShape(3, 1, observed=False, carries_template=True)
+    step = plan_in_place(settings(), live, pods(OLD, OLD, OLD))
+    assert (step.replicas, step.partition, step.retire, step.rolling) == (3, 1, (), True)
+    assert "waiting for the StatefulSet controller" in step.message
+
+
+def test_a_new_template_on_a_set_not_caught_up_protects_every_serving_pod() -> None:
+    """A new template arrives while the controller lags: no serving pod is replaced."""
+    live = LiveShape(2, 0, observed=False, carries_template=False)
+    step = plan_in_place(settings(), live, pods(OLD, OLD))
+    assert step.retire == () and step.partition == 2
+
+
 def test_the_status_message_says_what_waits() -> None:
     paused = plan_in_place(settings(paused=True), LiveShape(2, 0), pods(OLD, OLD))
     assert "rollout paused" in paused.message and f"{SET}-0, {SET}-1" in paused.message

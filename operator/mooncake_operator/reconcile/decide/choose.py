@@ -221,7 +221,9 @@ def in_place_step(
                 terminating=pod.terminating,
             )
         )
-    shape = LiveShape(found.replicas, found.partition, observed=found.observed)
+    shape = LiveShape(
+        found.replicas, found.partition, observed=found.observed, carries_template=found.template == template
+    )
     return plan_in_place(settings, shape, pods)
 
 

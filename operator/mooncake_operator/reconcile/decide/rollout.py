@@ -51,6 +51,7 @@ class LiveShape:
     replicas: int
     partition: int | None
     observed: bool = True  # its controller observed its generation: the pods' `current` can be trusted
+    carries_template: bool = False  # the set as found already holds the pod template this pass renders
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,18 @@ def plan_in_place(settings: InPlaceSettings, live: LiveShape | None, pods: Seque
     serving = [pod for pod in live_pods if pod.serving]
     if not settings.canary or not serving:
         return plain(n)  # nothing proven to protect, or no proof to wait for: the StatefulSet rolls
+    if not live.observed and live.carries_template:
+        # Right after an apply its controller has not caught up: no pod's template hash can be trusted
+        # (each would read as old, and a steady set would grow a surge pod). The shape holds until it has.
+        partition = live.partition or 0
+        return InPlaceStep(
+            replicas=live.replicas,
+            partition=partition,
+            rolling=live.replicas > n or partition > 0,
+            message="rolling out in place: waiting for the StatefulSet controller to observe the pod template"
+            if live.replicas > n or partition > 0
+            else "",
+        )
     if not old:
         return _finish(n, live, live_pods, surge_up)
     new = [pod for pod in live_pods if pod.current]
