@@ -80,18 +80,24 @@ async def pod_identities(kube: KubeClient, namespace: str) -> dict[str, str]:
     }
 
 
-async def endpoints_become(kube: KubeClient, namespace: str, wanted: set[str], what: str) -> None:
-    """The client Service's endpoints, and the InferencePool's members (the same proof gate), become
-    `wanted`."""
+async def endpoints_become(
+    kube: KubeClient, namespace: str, wanted: set[str], what: str, *, pool: bool = False
+) -> None:
+    """The client Service's endpoints become `wanted`, and with `pool` the InferencePool's members too
+    (the same proof gate; the resource sets spec.inferencePool and the test installed its CRD)."""
+
+    async def members() -> set[str] | None:
+        return await pool_members(kube, namespace) if pool else None
 
     async def probe() -> bool:
-        return await client_endpoints(kube, namespace) == wanted == await pool_members(kube, namespace)
+        endpoints = await client_endpoints(kube, namespace)
+        return endpoints == wanted and (not pool or await members() == wanted)
 
     try:
         await eventually(probe, within=30, what=what)
     except AssertionError as error:
-        endpoints, members = await client_endpoints(kube, namespace), await pool_members(kube, namespace)
-        raise AssertionError(f"{error}; endpoints: {endpoints}; pool members: {members}") from None
+        endpoints = await client_endpoints(kube, namespace)
+        raise AssertionError(f"{error}; endpoints: {endpoints}; pool members: {await members()}") from None
 
 
 async def patch_image(kube: KubeClient, namespace: str, image: str) -> None:
@@ -135,7 +141,9 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             )
             assert pool["metadata"]["ownerReferences"][0]["kind"] == KIND
             proven = await pod_identities(kube, namespace)
-            await endpoints_become(kube, namespace, set(proven.values()), "both proven pods in the endpoints")
+            await endpoints_become(
+                kube, namespace, set(proven.values()), "both proven pods in the endpoints", pool=True
+            )
 
             # In place: replica 1 leaves the endpoints, then is replaced (held not Ready), and a surge
             # replica 2 of the new template starts beside it; replica 0, proven, keeps serving.
@@ -148,7 +156,9 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
                 return now if fresh else None
 
             mid = await eventually(replaced, what="replica 1 replaced")
-            await endpoints_become(kube, namespace, {proven["demo-replica-0"]}, "only the proven pod")
+            await endpoints_become(
+                kube, namespace, {proven["demo-replica-0"]}, "only the proven pod", pool=True
+            )
             new_uid = mid["demo-replica-1"].split("=")[1]
 
             async def recorded() -> dict[str, dict[str, Any]] | None:
@@ -170,7 +180,9 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             new = await pod_identities(kube, namespace)
             assert set(new.values()) & set(proven.values()) == {proven["demo-replica-0"]}
             assert sorted(new) == ["demo-replica-0", "demo-replica-1", "demo-replica-2"]
-            await endpoints_become(kube, namespace, {proven["demo-replica-0"]}, "only the old proven pod")
+            await endpoints_become(
+                kube, namespace, {proven["demo-replica-0"]}, "only the old proven pod", pool=True
+            )
             traffic = inconclusive["status"]["traffic"]
             assert traffic["serving"] == 1
             unproven = [entry for entry in traffic["pods"] if entry["name"] != "demo-replica-0"]
@@ -191,7 +203,7 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             assert final["demo-replica-0"] != proven["demo-replica-0"]
             # The last run proved the two pods that stay and the surge pod removed after it.
             assert set(passed["status"]["canary"]["target"]["replicaPods"]) > set(final.values())
-            await endpoints_become(kube, namespace, set(final.values()), "the proven new pods")
+            await endpoints_become(kube, namespace, set(final.values()), "the proven new pods", pool=True)
             assert passed["status"]["traffic"]["serving"] == 2
 
             # Unset: the pool goes (a gateway must not keep routing through it).

@@ -148,12 +148,18 @@ async def test_prometheus_scrapes_the_operator_loads_the_rules_and_sees_the_fail
             await kube.create(serving(namespace))
             await wait_for_phase(kube, namespace, "CanaryFailed")
 
-            def targets_up() -> list[str] | None:
-                targets = prometheus.get("/api/v1/targets")["activeTargets"]
-                health = [t["health"] for t in targets]
-                return health if len(health) == 3 and set(health) == {"up"} else None
+            seen: list[list[tuple[str, str, str]]] = []
 
-            await until(targets_up, within=20, what="the operator and both replicas scraped")
+            def targets_up() -> list[tuple[str, str, str]] | None:
+                targets = prometheus.get("/api/v1/targets")["activeTargets"]
+                seen.append([(t["scrapeUrl"], t["health"], t.get("lastError", "")) for t in targets])
+                every = len(targets) == 1 + len(fakes.urls)  # the operator and each fake replica
+                return seen[-1] if every and {t["health"] for t in targets} == {"up"} else None
+
+            try:
+                await until(targets_up, within=20, what="the operator and every replica scraped")
+            except AssertionError as error:
+                raise AssertionError(f"{error}; targets: {seen[-1:]}") from None
             # Users' requests, now that Prometheus has seen the counters before them: the hit ratio's rate
             # needs a rise between two scrapes.
             await asyncio.to_thread(user_traffic, list(fakes.urls))
