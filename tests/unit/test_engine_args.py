@@ -14,13 +14,17 @@ from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.engine_args import (
     SandboxSubstitutions,
     describe_substitutions,
+    evidence_args,
     kv_fingerprint,
     kv_shaping_args,
     master_argv,
     replica_launch,
 )
+from mooncake_operator.canary.evidence import PER_REQUEST_FLAG, PER_REQUEST_SPEC_FLAG
 
 pytestmark = pytest.mark.unit
+
+EVIDENCE_WITH_EAGLE = ("--enable-prompt-tokens-details", "--per-request-spec-decode-metrics", "summary")
 
 
 def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
@@ -33,7 +37,27 @@ def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
 def test_production_argv_equals_the_customers_item_by_item() -> None:
     launch = replica_launch(spec(), master_address="10.0.0.10:50051", port=8000)
     assert launch.argv[: len(CUSTOMER_ARGV)] == CUSTOMER_ARGV
-    assert launch.argv[len(CUSTOMER_ARGV) :] == ("--host", "0.0.0.0", "--port", "8000")
+    assert launch.argv[len(CUSTOMER_ARGV) :] == (*EVIDENCE_WITH_EAGLE, "--host", "0.0.0.0", "--port", "8000")
+
+
+def test_every_answer_carries_its_own_evidence_for_the_canary() -> None:
+    """The flags the canary's per-request proof reads, from the canary's own constants."""
+    assert (PER_REQUEST_FLAG, *PER_REQUEST_SPEC_FLAG.split()) == EVIDENCE_WITH_EAGLE
+    argv = replica_launch(spec(), master_address="m:1").argv
+    assert argv.count(PER_REQUEST_FLAG) == 1
+    at = argv.index("--per-request-spec-decode-metrics")
+    assert argv[at + 1] == "summary"
+    assert argv.index("--speculative-config") < at < argv.index("--host")
+
+
+def test_without_a_draft_there_is_no_spec_decode_evidence_flag() -> None:
+    # vLLM 0.32 refuses --per-request-spec-decode-metrics without --speculative-config.
+    plain = spec().model_copy(update={"speculative": None})
+    for substitutions in (None, SANDBOX):
+        argv = replica_launch(plain, master_address="m:1", substitutions=substitutions).argv
+        assert PER_REQUEST_FLAG in argv
+        assert not any(arg.startswith("--per-request-spec-decode-metrics") for arg in argv)
+        assert argv[argv.index(PER_REQUEST_FLAG) + 1] == "--host"
 
 
 def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> None:
@@ -75,10 +99,11 @@ def test_store_config_equals_the_customers_key_by_key() -> None:
 def test_extra_args_follow_host_and_port() -> None:
     base = spec()
     custom = base.model_copy(
-        update={"engine": base.engine.model_copy(update={"extra_args": ["--enable-prompt-tokens-details"]})}
+        update={"engine": base.engine.model_copy(update={"extra_args": ["--enable-prompt-embeds"]})}
     )
     argv = replica_launch(custom, master_address="m:1", host="127.0.0.1", port=8123).argv
-    assert argv[-5:] == ("--host", "127.0.0.1", "--port", "8123", "--enable-prompt-tokens-details")
+    assert argv[-5:] == ("--host", "127.0.0.1", "--port", "8123", "--enable-prompt-embeds")
+    assert argv[-8:-5] == tuple(evidence_args(custom))
 
 
 def test_load_async_goes_into_the_connector_extra_config() -> None:
@@ -136,6 +161,7 @@ def test_sandbox_argv_substitutes_only_what_a_cpu_forces() -> None:
         kv,
         "--speculative-config",
         '{"method":"eagle3","model":"/tmp/models/draft","num_speculative_tokens":3,"draft_tensor_parallel_size":1}',
+        *EVIDENCE_WITH_EAGLE,
         "--host",
         "127.0.0.1",
         "--port",
@@ -275,7 +301,7 @@ IRRELEVANT = {
     "store segment size": ("store.globalSegmentSize", "40GB"),
     "load async": ("store.loadAsync", False),
     "engine port": ("engine.port", 8001),
-    "batching extra arg": ("engine.extraArgs", ["--max-num-seqs", "64", "--enable-prompt-tokens-details"]),
+    "batching extra arg": ("engine.extraArgs", ["--max-num-seqs", "64", "--enable-prompt-embeds"]),
 }
 
 

@@ -32,7 +32,7 @@ def small_variant() -> MooncakeServing:
     spec["model"] = {"name": "org/model", "cache": {"existingClaim": "hf-cache"}}
     spec["engine"] = {
         "image": "engine:1",
-        "extraArgs": ["--enable-prompt-tokens-details"],
+        "extraArgs": ["--enable-prompt-embeds"],
         "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
         "sharedMemorySize": "16Gi",
         "port": 8080,
