@@ -202,7 +202,14 @@ def kv_transfer_config(spec: MooncakeServingSpec) -> dict[str, Any]:
     extra: dict[str, Any] = {"load_async": spec.store.load_async}
     if spec.store.isolate_revisions:
         extra["cache_prefix"] = kv_fingerprint(spec)
-    return {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
+    return {
+        "kv_connector": KV_CONNECTOR,
+        "kv_role": KV_ROLE,
+        "kv_connector_extra_config": extra,
+        # A KVTransferConfig field, read by vLLM's scheduler (not the connector): explicit, so the
+        # policy the canary's rules assume does not move with a vLLM default.
+        "kv_load_failure_policy": spec.store.load_failure_policy,
+    }
 
 
 def speculative_config(

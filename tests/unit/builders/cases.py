@@ -43,6 +43,7 @@ def small_variant() -> MooncakeServing:
         "globalSegmentSize": "512MB",
         "localBufferSize": "128MB",
         "loadAsync": False,
+        "loadFailurePolicy": "recompute",
         "master": {"image": "master:1", "rpcPort": 6000, "metricsPort": 6001},
         # /dev/infiniband from the node, the host network, the runtime's memlock limit
         "rdma": {"hostDevices": True, "hostNetwork": True, "memlock": "Runtime"},
