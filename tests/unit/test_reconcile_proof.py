@@ -13,6 +13,7 @@ from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.api.status import CanaryStatus, CanaryTarget
 from mooncake_operator.canary import policy
+from mooncake_operator.canary.defaults import DEFAULT_PUT_WAIT_S, MAX_PUT_WAIT_S
 from mooncake_operator.canary.models import (
     CanaryResult,
     ChatAnswer,
@@ -100,6 +101,26 @@ def test_the_config_takes_the_body_caps_from_the_spec() -> None:
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8 << 20, 32 << 20)
     default = policy.canary_config(spec_with(), URLS)
     assert (default.max_chat_body_bytes, default.max_metrics_body_bytes) == (4 << 20, 16 << 20)
+
+
+def test_the_config_takes_the_put_wait_from_the_spec() -> None:
+    assert policy.canary_config(spec_with(), URLS).put_wait_s == DEFAULT_PUT_WAIT_S
+    assert policy.canary_config(spec_with(putWaitSeconds=42.5), URLS).put_wait_s == 42.5
+    assert policy.canary_config(spec_with(putWaitSeconds=0), URLS).put_wait_s == 0  # off: at once
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, MAX_PUT_WAIT_S + 1, 86400, float("nan"), float("inf")])
+def test_an_absurd_put_wait_is_refused_with_its_range(value: float) -> None:
+    with pytest.raises(
+        ValueError, match=r"canary.putWaitSeconds must be a number of seconds from 0 .* to 300"
+    ):
+        spec_with(putWaitSeconds=value)
+
+
+@pytest.mark.parametrize("value", ["10", True, None])
+def test_a_put_wait_that_is_not_a_number_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match="putWaitSeconds"):
+        spec_with(putWaitSeconds=value)
 
 
 @pytest.mark.parametrize(
