@@ -199,6 +199,20 @@ def test_how_flags_override_the_resource_only_when_given() -> None:
     assert changed.model_copy(update={"request_timeout_s": 300.0, "connect_retries": 3}) == planned.config
 
 
+def test_the_put_wait_comes_from_the_spec_unless_put_wait_is_given() -> None:
+    obj = serving()
+    obj["spec"]["canary"]["putWaitSeconds"] = 25
+    planned = resource_canary(api.parse_resource(obj))
+    assert planned.config.put_wait_s == 25
+    parser = build_parser()
+    kept = with_how_flags(planned.config, parser.parse_args(["canary", "--resource", "chat"]))
+    assert kept.put_wait_s == 25
+    given = with_how_flags(
+        planned.config, parser.parse_args(["canary", "--resource", "chat", "--put-wait", "3"])
+    )
+    assert given.put_wait_s == 3
+
+
 def unproven_run(*, only_load_unproven: bool = True) -> CanaryResult:
     urls = ["http://a:1", "http://b:1"]
     pair = PairResult(

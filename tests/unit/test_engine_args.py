@@ -14,13 +14,23 @@ from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.engine_args import (
     SandboxSubstitutions,
     describe_substitutions,
+    evidence_args,
     kv_fingerprint,
     kv_shaping_args,
     master_argv,
     replica_launch,
 )
+from mooncake_operator.canary.evidence import PER_REQUEST_FLAG, PER_REQUEST_SPEC_FLAG
 
 pytestmark = pytest.mark.unit
+
+# The customer's command with the one change inside a flag: the store's load-failure policy, explicit
+# (vLLM's default, "fail"), appended to --kv-transfer-config's JSON after the customer's keys.
+KV_AT = CUSTOMER_ARGV.index("--kv-transfer-config") + 1
+THEIR_KV = json.loads(CUSTOMER_ARGV[KV_AT])
+OUR_KV = {**THEIR_KV, "kv_load_failure_policy": "fail"}
+OUR_ARGV = (*CUSTOMER_ARGV[:KV_AT], json.dumps(OUR_KV, separators=(",", ":")), *CUSTOMER_ARGV[KV_AT + 1 :])
+EVIDENCE_WITH_EAGLE = ("--enable-prompt-tokens-details", "--per-request-spec-decode-metrics", "summary")
 
 
 def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
@@ -32,8 +42,28 @@ def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
 
 def test_production_argv_equals_the_customers_item_by_item() -> None:
     launch = replica_launch(spec(), master_address="10.0.0.10:50051", port=8000)
-    assert launch.argv[: len(CUSTOMER_ARGV)] == CUSTOMER_ARGV
-    assert launch.argv[len(CUSTOMER_ARGV) :] == ("--host", "0.0.0.0", "--port", "8000")
+    assert launch.argv[: len(OUR_ARGV)] == OUR_ARGV
+    assert launch.argv[len(OUR_ARGV) :] == (*EVIDENCE_WITH_EAGLE, "--host", "0.0.0.0", "--port", "8000")
+
+
+def test_every_answer_carries_its_own_evidence_for_the_canary() -> None:
+    """The flags the canary's per-request proof reads, from the canary's own constants."""
+    assert (PER_REQUEST_FLAG, *PER_REQUEST_SPEC_FLAG.split()) == EVIDENCE_WITH_EAGLE
+    argv = replica_launch(spec(), master_address="m:1").argv
+    assert argv.count(PER_REQUEST_FLAG) == 1
+    at = argv.index("--per-request-spec-decode-metrics")
+    assert argv[at + 1] == "summary"
+    assert argv.index("--speculative-config") < at < argv.index("--host")
+
+
+def test_without_a_draft_there_is_no_spec_decode_evidence_flag() -> None:
+    # vLLM 0.32 refuses --per-request-spec-decode-metrics without --speculative-config.
+    plain = spec().model_copy(update={"speculative": None})
+    for substitutions in (None, SANDBOX):
+        argv = replica_launch(plain, master_address="m:1", substitutions=substitutions).argv
+        assert PER_REQUEST_FLAG in argv
+        assert not any(arg.startswith("--per-request-spec-decode-metrics") for arg in argv)
+        assert argv[argv.index(PER_REQUEST_FLAG) + 1] == "--host"
 
 
 def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> None:
@@ -41,11 +71,10 @@ def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> No
     isolated = spec(isolate_revisions=True)
     argv = replica_launch(isolated, master_address="m:1").argv
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    theirs = json.loads(CUSTOMER_ARGV[CUSTOMER_ARGV.index("--kv-transfer-config") + 1])
     assert config == {
-        **theirs,
+        **OUR_KV,
         "kv_connector_extra_config": {
-            **theirs["kv_connector_extra_config"],
+            **OUR_KV["kv_connector_extra_config"],
             "cache_prefix": kv_fingerprint(isolated),
         },
     }
@@ -56,9 +85,32 @@ def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> No
 def test_json_flags_have_the_customers_keys_values_and_order() -> None:
     argv = replica_launch(spec(), master_address="m:1").argv
     for flag in ("--kv-transfer-config", "--speculative-config"):
-        ours = json.loads(argv[argv.index(flag) + 1])
-        theirs = json.loads(CUSTOMER_ARGV[CUSTOMER_ARGV.index(flag) + 1])
-        assert list(ours.items()) == list(theirs.items())
+        ours = list(json.loads(argv[argv.index(flag) + 1]).items())
+        theirs = list(json.loads(CUSTOMER_ARGV[CUSTOMER_ARGV.index(flag) + 1]).items())
+        assert ours[: len(theirs)] == theirs
+        added = [("kv_load_failure_policy", "fail")] if flag == "--kv-transfer-config" else []
+        assert ours[len(theirs) :] == added
+
+
+@pytest.mark.parametrize("policy", ["fail", "recompute"])
+def test_the_load_failure_policy_is_a_top_level_kv_transfer_field(policy: str) -> None:
+    # vLLM 0.32 reads KVTransferConfig.kv_load_failure_policy in its scheduler, not in the connector's
+    # extra config; a key there would be ignored.
+    base = spec()
+    custom = base.model_copy(update={"store": base.store.model_copy(update={"load_failure_policy": policy})})
+    argv = replica_launch(custom, master_address="m:1").argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_load_failure_policy"] == policy
+    assert "kv_load_failure_policy" not in config["kv_connector_extra_config"]
+    assert kv_fingerprint(custom) == kv_fingerprint(base)  # the blocks mean the same either way
+
+
+def test_the_load_failure_policy_defaults_to_vllms_fail_and_refuses_others() -> None:
+    assert customer_deployment().spec.store.load_failure_policy == "fail"
+    document = customer_deployment().spec.to_wire()
+    document["store"]["loadFailurePolicy"] = "ignore"
+    with pytest.raises(ValueError, match="loadFailurePolicy"):
+        MooncakeServingSpec.model_validate(document)
 
 
 def test_environment_is_the_customers() -> None:
@@ -75,10 +127,11 @@ def test_store_config_equals_the_customers_key_by_key() -> None:
 def test_extra_args_follow_host_and_port() -> None:
     base = spec()
     custom = base.model_copy(
-        update={"engine": base.engine.model_copy(update={"extra_args": ["--enable-prompt-tokens-details"]})}
+        update={"engine": base.engine.model_copy(update={"extra_args": ["--enable-prompt-embeds"]})}
     )
     argv = replica_launch(custom, master_address="m:1", host="127.0.0.1", port=8123).argv
-    assert argv[-5:] == ("--host", "127.0.0.1", "--port", "8123", "--enable-prompt-tokens-details")
+    assert argv[-5:] == ("--host", "127.0.0.1", "--port", "8123", "--enable-prompt-embeds")
+    assert argv[-8:-5] == tuple(evidence_args(custom))
 
 
 def test_load_async_goes_into_the_connector_extra_config() -> None:
@@ -95,7 +148,7 @@ def test_without_speculative_config_there_is_no_speculative_flag() -> None:
     plain = base.model_copy(update={"speculative": None})
     argv = replica_launch(plain, master_address="m:1").argv
     assert "--speculative-config" not in argv
-    assert argv[: len(CUSTOMER_ARGV) - 2] == CUSTOMER_ARGV[:-2]
+    assert argv[: len(OUR_ARGV) - 2] == OUR_ARGV[:-2]
 
 
 def test_other_entrypoints_take_the_model_as_an_option() -> None:
@@ -117,7 +170,7 @@ def test_sandbox_argv_substitutes_only_what_a_cpu_forces() -> None:
         entrypoint=entry,
         substitutions=SANDBOX,
     )
-    kv = CUSTOMER_ARGV[CUSTOMER_ARGV.index("--kv-transfer-config") + 1]
+    kv = OUR_ARGV[KV_AT]
     assert launch.argv == (
         *entry,
         "--model",
@@ -136,6 +189,7 @@ def test_sandbox_argv_substitutes_only_what_a_cpu_forces() -> None:
         kv,
         "--speculative-config",
         '{"method":"eagle3","model":"/tmp/models/draft","num_speculative_tokens":3,"draft_tensor_parallel_size":1}',
+        *EVIDENCE_WITH_EAGLE,
         "--host",
         "127.0.0.1",
         "--port",
@@ -275,7 +329,7 @@ IRRELEVANT = {
     "store segment size": ("store.globalSegmentSize", "40GB"),
     "load async": ("store.loadAsync", False),
     "engine port": ("engine.port", 8001),
-    "batching extra arg": ("engine.extraArgs", ["--max-num-seqs", "64", "--enable-prompt-tokens-details"]),
+    "batching extra arg": ("engine.extraArgs", ["--max-num-seqs", "64", "--enable-prompt-embeds"]),
 }
 
 

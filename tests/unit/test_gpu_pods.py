@@ -110,6 +110,14 @@ def engine(resource: MooncakeServing) -> dict[str, Any]:
         ("--max_model=1", "--max-model-len"),
         ("--tokenizer-rev=abc", "--tokenizer-revision"),
         ("-s", "-sc"),
+        # the per-request evidence the canary reads from every answer
+        ("--enable-prompt-tokens-details", "--enable-prompt-tokens-details"),
+        ("--enable_prompt_tokens_details", "--enable-prompt-tokens-details"),
+        ("--no-enable-prompt-tokens-details", "--no-enable-prompt-tokens-details"),
+        ("--enable-prompt-tokens", "--enable-prompt-tokens-details"),
+        ("--per-request-spec-decode-metrics=none", "--per-request-spec-decode-metrics"),
+        ("--per_request_spec_decode_metrics", "--per-request-spec-decode-metrics"),
+        ("--per-request-spec=detailed", "--per-request-spec-decode-metrics"),
     ],
 )
 def test_a_managed_flag_is_found_in_every_spelling_vllm_accepts(arg: str, managed: str) -> None:
@@ -122,7 +130,8 @@ def test_a_managed_flag_is_found_in_every_spelling_vllm_accepts(arg: str, manage
 @pytest.mark.parametrize(
     "args",
     [
-        ["--enable-prompt-tokens-details"],
+        ["--enable-prompt-embeds"],
+        ["--enable-per-request-metrics"],  # timing metrics: not the evidence flags the operator renders
         ["--tokenizer", "org/tok"],  # an option of its own, not an abbreviation of --tokenizer-revision
         ["--gpu-memory-utilization=0.9", "--max-num-seqs", "64"],
         ["--compilation-config.level=3", "-O3"],

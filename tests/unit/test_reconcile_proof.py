@@ -13,6 +13,7 @@ from mooncake_operator.api.examples import customer_deployment
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.api.status import CanaryStatus, CanaryTarget
 from mooncake_operator.canary import policy
+from mooncake_operator.canary.defaults import DEFAULT_PUT_WAIT_S, MAX_PUT_WAIT_S
 from mooncake_operator.canary.models import (
     CanaryResult,
     ChatAnswer,
@@ -23,6 +24,9 @@ from mooncake_operator.canary.models import (
     ErrorKind,
     Mismatch,
     PairResult,
+    PutWait,
+    PutWaitOutcome,
+    SpecDecoding,
     Verdict,
 )
 from mooncake_operator.canary.request import customer_request
@@ -100,6 +104,26 @@ def test_the_config_takes_the_body_caps_from_the_spec() -> None:
     assert (config.max_chat_body_bytes, config.max_metrics_body_bytes) == (8 << 20, 32 << 20)
     default = policy.canary_config(spec_with(), URLS)
     assert (default.max_chat_body_bytes, default.max_metrics_body_bytes) == (4 << 20, 16 << 20)
+
+
+def test_the_config_takes_the_put_wait_from_the_spec() -> None:
+    assert policy.canary_config(spec_with(), URLS).put_wait_s == DEFAULT_PUT_WAIT_S
+    assert policy.canary_config(spec_with(putWaitSeconds=42.5), URLS).put_wait_s == 42.5
+    assert policy.canary_config(spec_with(putWaitSeconds=0), URLS).put_wait_s == 0  # off: at once
+
+
+@pytest.mark.parametrize("value", [-1, -0.5, MAX_PUT_WAIT_S + 1, 86400, float("nan"), float("inf")])
+def test_an_absurd_put_wait_is_refused_with_its_range(value: float) -> None:
+    with pytest.raises(
+        ValueError, match=r"canary.putWaitSeconds must be a number of seconds from 0 .* to 300"
+    ):
+        spec_with(putWaitSeconds=value)
+
+
+@pytest.mark.parametrize("value", ["10", True, None])
+def test_a_put_wait_that_is_not_a_number_is_refused(value: object) -> None:
+    with pytest.raises(ValueError, match="putWaitSeconds"):
+        spec_with(putWaitSeconds=value)
 
 
 @pytest.mark.parametrize(
@@ -240,6 +264,37 @@ def test_the_status_names_replicas_by_pod_and_keeps_the_evidence() -> None:
     assert first["notes"] == ["double prune"]
     assert "externalHitTokens" not in wire["pairs"][1]  # a counter that went down is no evidence
     assert wire["target"]["revision"] == "r1"
+
+
+def test_the_status_keeps_each_pairs_own_evidence() -> None:
+    drafted = SpecDecoding(
+        num_spec_steps=4, num_draft_tokens=12, num_accepted_draft_tokens=7, num_spec_tokens=3
+    )
+    proven = pair(0, Verdict.PASSED, hit_evidence="answer")
+    cold, warm = proven.cold, proven.warm
+    assert cold is not None and warm is not None
+    proven = proven.model_copy(
+        update={
+            "cold": cold.model_copy(update={"cached_tokens": 0}),
+            "warm": warm.model_copy(update={"cached_tokens": 112, "spec_decoding": drafted}),
+            "put_wait": PutWait(outcome=PutWaitOutcome.COVERED, waited_s=0.0421, polls=2, keys_needed=8),
+        }
+    )
+    unproven = pair(1, Verdict.INCONCLUSIVE)
+    unproven = unproven.model_copy(
+        update={"put_wait": PutWait(outcome=PutWaitOutcome.TIMEOUT, waited_s=10.0)}
+    )
+    status = canary_status(
+        result(proven, unproven), verdict=Verdict.INCONCLUSIVE, target=target(), pod_names=PODS
+    )
+    first, second = status.to_wire()["pairs"]
+    assert (first["warmCachedTokens"], first["coldCachedTokens"], first["warmDraftTokens"]) == (112, 0, 12)
+    assert (first["hitEvidence"], first["putWait"], first["putWaitMs"]) == ("answer", "covered", 42.1)
+    # Answers without per-request evidence leave it unset rather than 0 (0 cached tokens is evidence).
+    assert not {"warmCachedTokens", "coldCachedTokens", "warmDraftTokens", "hitEvidence"} & set(second)
+    assert (second["putWait"], second["putWaitMs"]) == ("timeout", 10000.0)
+    # What the operator writes, it reads back (the outcome as the string it was written as).
+    assert CanaryStatus.model_validate(status.to_wire()) == status
 
 
 def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:

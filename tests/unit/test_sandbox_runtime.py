@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from mooncake_operator.build.engine_args import replica_launch
+from mooncake_operator.canary.evidence import PER_REQUEST_FLAG, PER_REQUEST_SPEC_OPTION
 from mooncake_sandbox import (
     EngineBuild,
     EngineMode,
@@ -200,6 +201,10 @@ async def test_replicas_run_exactly_what_engine_args_renders(
                 substitutions=substitutions_for(prepared.models, speculative=True),
             )
             assert seen["argv"][1:] == list(expected.argv[1:])  # argv[0]: the wrapper's python
+            # The canary's per-request evidence, as production renders it (Eagle on: both flags).
+            argv = seen["argv"]
+            assert isinstance(argv, list) and PER_REQUEST_FLAG in argv
+            assert argv[argv.index(PER_REQUEST_SPEC_OPTION) + 1] == "summary"
             env = seen["env"]
             assert isinstance(env, dict)
             assert env["PYTHONHASHSEED"] == expected.env["PYTHONHASHSEED"] == "0"
@@ -351,6 +356,10 @@ async def test_restart_changes_only_what_was_asked(tmp_path: Path, prepared: Pre
         first, second = _recorded(records, replica_b.port)
         assert "--speculative-config" in first["argv"]  # type: ignore[operator]
         assert "--speculative-config" not in second["argv"]  # type: ignore[operator]
+        # vLLM refuses the spec-decode evidence flag without a draft; the cached-token one stays.
+        assert PER_REQUEST_SPEC_OPTION in first["argv"]  # type: ignore[operator]
+        assert PER_REQUEST_SPEC_OPTION not in second["argv"]  # type: ignore[operator]
+        assert PER_REQUEST_FLAG in second["argv"]  # type: ignore[operator]
         env = second["env"]
         assert isinstance(env, Mapping)
         assert env["PYTHONPATH"] == str(prepared.builds[EngineMode.PATCHED].pythonpath)

@@ -22,8 +22,10 @@ from mooncake_operator.api.base import ApiModel, describe_validation_error
 from mooncake_operator.canary.defaults import (
     DEFAULT_MAX_DRIFT_NATS,
     DEFAULT_MAX_TIE_GAP_NATS,
+    DEFAULT_PUT_WAIT_S,
     DEFAULT_TOP_K,
     MAX_BODY_BYTES_LIMIT,
+    MAX_PUT_WAIT_S,
     MAX_TOP_K,
 )
 from mooncake_operator.canary.expectations import Expectation
@@ -162,6 +164,17 @@ class CanarySpec(ApiModel):
         le=MAX_BODY_BYTES_LIMIT,
         description="Cap on one metrics page, decoded; unset: 16 MiB. Over it the run is Inconclusive.",
     )
+    put_wait_seconds: float = Field(
+        default=DEFAULT_PUT_WAIT_S,
+        ge=0,
+        le=MAX_PUT_WAIT_S,
+        description=(
+            "After each cold answer, wait at most this long for the writer to report store puts covering "
+            "the prompt's full blocks before the warm request is sent (the connector stores blocks "
+            "asynchronously); the wait ends as soon as they are reported. A pair whose wait times out is "
+            f"Inconclusive. 0: send the warm request at once. At most {MAX_PUT_WAIT_S:g}."
+        ),
+    )
     comparison: ComparisonSpec = Field(default_factory=lambda: ComparisonSpec())
     suite: list[SuiteRequestSpec] | None = Field(
         default=None,
@@ -172,6 +185,21 @@ class CanarySpec(ApiModel):
             "blocks, padded with the replicas' own tokenizer); []: none."
         ),
     )
+
+    @field_validator("put_wait_seconds", mode="before")
+    @classmethod
+    def _put_wait_in_range(cls, value: object) -> object:
+        # Said here, with the reason, rather than as a bare bound: the wait runs once per pair.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return value  # not a number: the field's type check says so
+        if not (math.isfinite(value) and 0 <= value <= MAX_PUT_WAIT_S):
+            raise ValueError(
+                f"canary.putWaitSeconds must be a number of seconds from 0 (send the warm request at "
+                f"once) to {MAX_PUT_WAIT_S:g}, got {value}: the canary waits up to this long in every "
+                "pair for the writer's store puts; a store slower than that needs looking at, not a "
+                "longer wait"
+            )
+        return value
 
     # The canary's own rules, so every reader of the models (render, crd, the operator) refuses the same
     # resources. `enabled` is declared first, so it is in `info.data` here. A disabled canary is not read.

@@ -8,6 +8,14 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from mooncake_operator.canary.evidence import PER_REQUEST_FLAG, PER_REQUEST_SPEC_OPTION
+
+# Rendered on every replica so that each canary answer carries its own evidence (build/engine_args.py).
+_PER_REQUEST_EVIDENCE = (
+    "(the operator renders it on every replica: the canary's per-request proof reads it from each answer; "
+    "docs/canary.md)"
+)
+
 # Every option string of a managed flag in the pinned vLLM (0.32.0's `vllm serve` parser; aliases such as
 # -tp, -sc and --no-trust-remote-code included) and the field it comes from.
 MANAGED_ENGINE_FLAGS = {
@@ -26,6 +34,9 @@ MANAGED_ENGINE_FLAGS = {
     "--host": "(managed by the operator)",
     "--port": "engine.port",
     "--served-model-name": "model.name",
+    PER_REQUEST_FLAG: _PER_REQUEST_EVIDENCE,
+    "--no-" + PER_REQUEST_FLAG.removeprefix("--"): _PER_REQUEST_EVIDENCE,
+    PER_REQUEST_SPEC_OPTION: _PER_REQUEST_EVIDENCE,
     # A config file can set every flag, managed ones included.
     "--config": "(a config file could set managed flags; use the typed fields and extraArgs)",
 }

@@ -10,7 +10,7 @@ from pydantic import Field, Strict
 
 from mooncake_operator.api.base import ApiModel
 from mooncake_operator.api.spec import RolloutStrategy
-from mooncake_operator.canary.models import Mismatch, Verdict
+from mooncake_operator.canary.models import Mismatch, PutWaitOutcome, Verdict
 
 # Foreign pods in the client Service named in status.foreignPods and events: the first this many found.
 MAX_FOREIGN_PODS = 8
@@ -18,6 +18,7 @@ MAX_FOREIGN_PODS = 8
 
 # The canary's Verdict, read back from the API as the string it was written as.
 VerdictField = Annotated[Verdict, Strict(False)]
+PutWaitOutcomeField = Annotated[PutWaitOutcome, Strict(False)]
 
 Phase = Literal["Pending", "Deploying", "Canary", "Ready", "CanaryFailed", "Degraded", "Invalid"]
 ConditionType = Literal["MasterReady", "ReplicasReady", "CanaryPassed", "Ready", "Reconciling", "Stalled"]
@@ -70,6 +71,36 @@ class PairEvidence(ApiModel):
     external_hit_tokens: int | None = Field(default=None, ge=0, description="Rise of the reader's counter.")
     expected_external_hit_tokens: int | None = Field(default=None, ge=0)
     load_get_keys: int | None = Field(default=None, ge=0, description="Store keys the reader loaded.")
+    # The pair's own evidence (each answer's, not the replica's counters): what proves a reader that
+    # serves users while it is re-proven.
+    warm_cached_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="The warm answer's usage.prompt_tokens_details.cached_tokens (unset: not reported).",
+    )
+    cold_cached_tokens: int | None = Field(
+        default=None, ge=0, description="The cold answer's cached_tokens; 0 for a cold reference."
+    )
+    warm_draft_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="Draft tokens of the warm answer's metrics.speculative_decoding (unset: not reported).",
+    )
+    hit_evidence: Literal["answer", "counters"] | None = Field(
+        default=None,
+        description=(
+            "What proved the reader's load: answer (its own cached_tokens) or counters (a rise attributable "
+            "to the warm request alone); unset: not proven."
+        ),
+    )
+    put_wait: PutWaitOutcomeField | None = Field(
+        default=None,
+        description=(
+            "The wait for the writer's store puts before the warm request: covered, timeout, failed, "
+            "no_store_metrics, unavailable or off (spec.canary.putWaitSeconds 0)."
+        ),
+    )
+    put_wait_ms: float | None = Field(default=None, ge=0, description="How long that wait took.")
     answers_equal: bool | None = None
     cold_latency_ms: float | None = Field(default=None, ge=0)
     warm_latency_ms: float | None = Field(default=None, ge=0)

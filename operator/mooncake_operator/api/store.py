@@ -241,6 +241,16 @@ class StoreSpec(ApiModel):
             "blocks an old one stored. Turn off only to reproduce the hazard or to debug."
         ),
     )
+    load_failure_policy: Literal["fail", "recompute"] = Field(
+        default="fail",
+        description=(
+            "kv_load_failure_policy in --kv-transfer-config (rendered explicitly): what a replica does when "
+            "loading a prefix from the store fails. fail (vLLM's default): the request fails. recompute "
+            "(opt-in): the replica computes the prefix itself; the failed load stays counted as an "
+            "external hit, and the canary judges a pair whose warm request saw a failed store load "
+            "Inconclusive."
+        ),
+    )
     metadata_server: Literal["P2PHANDSHAKE"] = "P2PHANDSHAKE"
     master: MasterSpec = Field(default_factory=MasterSpec)
     rdma: RdmaSpec | None = Field(default=None, description="What replica pods need for protocol rdma.")

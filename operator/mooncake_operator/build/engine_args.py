@@ -3,7 +3,8 @@
 The Kubernetes renderer and the CPU sandbox both call `replica_launch`, so the sandbox runs what production
 runs except for the substitutions a CPU machine forces (`SandboxSubstitutions`), each of which the sandbox
 prints (`describe_substitutions`). For the customer's example the production argv equals the customer's own
-`vllm serve` arguments item by item, followed by `--host/--port` and `engine.extraArgs`.
+`vllm serve` arguments item by item (the store's load-failure policy added to its JSON), followed by the
+flags that give the canary per-request evidence (`evidence_args`), `--host/--port` and `engine.extraArgs`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ from typing import Any
 from mooncake_operator.api.engine_flags import engine_flag
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.digests import short_digest
+from mooncake_operator.canary.evidence import (
+    PER_REQUEST_FLAG,
+    PER_REQUEST_SPEC_LEVEL,
+    PER_REQUEST_SPEC_OPTION,
+)
 
 VLLM_SERVE = ("vllm", "serve")
 DEFAULT_STORE_CONFIG_PATH = "/etc/vllm/mooncake_store.json"
@@ -196,7 +202,14 @@ def kv_transfer_config(spec: MooncakeServingSpec) -> dict[str, Any]:
     extra: dict[str, Any] = {"load_async": spec.store.load_async}
     if spec.store.isolate_revisions:
         extra["cache_prefix"] = kv_fingerprint(spec)
-    return {"kv_connector": KV_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
+    return {
+        "kv_connector": KV_CONNECTOR,
+        "kv_role": KV_ROLE,
+        "kv_connector_extra_config": extra,
+        # A KVTransferConfig field, read by vLLM's scheduler (not the connector): explicit, so the
+        # policy the canary's rules assume does not move with a vLLM default.
+        "kv_load_failure_policy": spec.store.load_failure_policy,
+    }
 
 
 def speculative_config(
@@ -219,6 +232,18 @@ def speculative_config(
     config["num_speculative_tokens"] = speculative.num_speculative_tokens
     config["draft_tensor_parallel_size"] = speculative.draft_tensor_parallel_size
     return config
+
+
+def evidence_args(spec: MooncakeServingSpec) -> list[str]:
+    """The flags that make every answer prove itself to the canary: its prompt tokens served from a
+    cache (`usage.prompt_tokens_details.cached_tokens`) and, with a draft model, what the drafter did
+    (`metrics.speculative_decoding`). Without them the canary falls back to replica-wide counters, which
+    users' requests move: the periodic re-canary of a serving replica would go Inconclusive under load.
+    vLLM refuses the spec-decode flag without --speculative-config, hence only with spec.speculative."""
+    args = [PER_REQUEST_FLAG]
+    if spec.speculative is not None:
+        args += [PER_REQUEST_SPEC_OPTION, PER_REQUEST_SPEC_LEVEL]
+    return args
 
 
 def _model_args(spec: MooncakeServingSpec, entrypoint: Sequence[str], model: str) -> list[str]:
@@ -277,6 +302,7 @@ def replica_launch(
     speculative = speculative_config(spec, sub)
     if speculative is not None:
         argv += ["--speculative-config", _compact_json(speculative)]
+    argv += evidence_args(spec)
     argv += ["--host", host, "--port", str(port)]
     argv += spec.engine.extra_args
     env = {

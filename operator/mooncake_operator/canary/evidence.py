@@ -24,8 +24,14 @@ from mooncake_operator.canary.metrics import (
 )
 from mooncake_operator.canary.models import ChatAnswer, PutWait, PutWaitOutcome, StoreCounters
 
+# The vLLM flags that make each answer carry its own evidence (vLLM 0.32's spellings). The operator and
+# the sandbox render them on every replica (build/engine_args.py reads them from here), the spec-decode
+# one only with a draft model: vLLM refuses it without --speculative-config. Replicas started by hand
+# need them for per-request proof; without them the counters decide, and only when attributable.
 PER_REQUEST_FLAG = "--enable-prompt-tokens-details"
-PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics summary"
+PER_REQUEST_SPEC_OPTION = "--per-request-spec-decode-metrics"
+PER_REQUEST_SPEC_LEVEL = "summary"  # adds metrics.speculative_decoding; "detailed" only adds arrays
+PER_REQUEST_SPEC_FLAG = f"{PER_REQUEST_SPEC_OPTION} {PER_REQUEST_SPEC_LEVEL}"
 
 
 def fallen_counters(before: StoreCounters, after: StoreCounters) -> str:

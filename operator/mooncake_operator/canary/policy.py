@@ -88,6 +88,8 @@ def canary_config(spec: MooncakeServingSpec, urls: Sequence[str]) -> CanaryConfi
         "eagle": spec.speculative is not None,
         "comparison": canary_comparison(spec),
         "suite": canary_suite(spec),
+        # `canary --put-wait` overrides it for `canary --resource` (a HOW flag).
+        "put_wait_s": spec.canary.put_wait_seconds,
     }
     if spec.canary.max_chat_body_bytes is not None:
         options["max_chat_body_bytes"] = spec.canary.max_chat_body_bytes

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from mooncake_operator.api.status import CanaryStatus, CanaryTarget, DivergenceEvidence, PairEvidence
-from mooncake_operator.canary.models import CanaryResult, Divergence, ErrorKind, PairResult, Verdict
+from mooncake_operator.canary.models import (
+    CanaryResult,
+    ChatAnswer,
+    Divergence,
+    ErrorKind,
+    PairResult,
+    Verdict,
+)
 from mooncake_operator.canary.policy import benign
 
 _REASON_LIMIT = 1000
@@ -70,6 +77,12 @@ def _non_negative(value: int | None) -> int | None:
     return value if value is not None and value >= 0 else None
 
 
+def _draft_tokens(answer: ChatAnswer | None) -> int | None:
+    if answer is None or answer.spec_decoding is None:
+        return None
+    return answer.spec_decoding.num_draft_tokens
+
+
 def pair_evidence(pair: PairResult, names: dict[str, str]) -> PairEvidence:
     return PairEvidence(
         writer=names.get(pair.writer, pair.writer),
@@ -81,6 +94,12 @@ def pair_evidence(pair: PairResult, names: dict[str, str]) -> PairEvidence:
         external_hit_tokens=_non_negative(pair.external_hit_tokens),
         expected_external_hit_tokens=_non_negative(pair.expected_external_hit_tokens),
         load_get_keys=_non_negative(pair.load_get_keys),
+        warm_cached_tokens=_non_negative(pair.warm.cached_tokens) if pair.warm else None,
+        cold_cached_tokens=_non_negative(pair.cold.cached_tokens) if pair.cold else None,
+        warm_draft_tokens=_draft_tokens(pair.warm),
+        hit_evidence=pair.hit_evidence,
+        put_wait=pair.put_wait.outcome if pair.put_wait else None,
+        put_wait_ms=_ms(pair.put_wait.waited_s) if pair.put_wait else None,
         answers_equal=pair.answers_equal,
         cold_latency_ms=_ms(pair.cold.latency_s) if pair.cold else None,
         warm_latency_ms=_ms(pair.warm.latency_s) if pair.warm else None,

@@ -32,7 +32,7 @@ def small_variant() -> MooncakeServing:
     spec["model"] = {"name": "org/model", "cache": {"existingClaim": "hf-cache"}}
     spec["engine"] = {
         "image": "engine:1",
-        "extraArgs": ["--enable-prompt-tokens-details"],
+        "extraArgs": ["--enable-prompt-embeds"],
         "extraEnv": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
         "sharedMemorySize": "16Gi",
         "port": 8080,
@@ -43,6 +43,7 @@ def small_variant() -> MooncakeServing:
         "globalSegmentSize": "512MB",
         "localBufferSize": "128MB",
         "loadAsync": False,
+        "loadFailurePolicy": "recompute",
         "master": {"image": "master:1", "rpcPort": 6000, "metricsPort": 6001},
         # /dev/infiniband from the node, the host network, the runtime's memlock limit
         "rdma": {"hostDevices": True, "hostNetwork": True, "memlock": "Runtime"},
