@@ -18,10 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from tests.support import cluster, kube_node
 from tests.support.apiserver import free_port
-from tests.support.fault_load import container_restarts, success_count
+from tests.support.fault_load import (
+    ClientLoad,
+    ServedLedger,
+    container_restarts,
+    operator_counters,
+    operator_pods,
+    replica_pods,
+    success_count,
+)
+from tests.support.fault_rollout import TrafficSampler
+from tests.support.fault_scenarios import BASELINE_S, client_url
 from tests.support.kube_node import kubectl
 
 from mooncake_operator.build.names import TRAFFIC_LABEL
@@ -32,6 +43,7 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
 VERDICT_TIMEOUT = 1200.0
 OPERATOR_READY_TIMEOUT = 180.0  # a restarted operator waits out its old Lease (15 s) and backs off
+UNCHANGED_WINDOW_S = 45.0  # nothing may change within it: a roll starts within a pass or two
 
 
 def get_json(*args: str) -> Any:
@@ -230,6 +242,7 @@ def test_helm_test_runs_the_canary_pod_and_it_passes(node_cluster: kube_node.Ima
     assert summary.startswith("canary Passed"), explained
 
 
+@pytest.mark.slow  # the cluster tier proves the ring covers a new ordinal (test_operator_traffic.py)
 def test_kubectl_scale_adds_a_replica_that_serves_once_a_canary_covered_it(
     node_cluster: kube_node.Images,
 ) -> None:
@@ -267,6 +280,135 @@ def test_kubectl_scale_adds_a_replica_that_serves_once_a_canary_covered_it(
     endpoints = get_json("get", "endpoints", NAME, "--namespace=default")
     serving_ips = {a["ip"] for s in endpoints.get("subsets") or [] for a in s.get("addresses") or []}
     assert serving_ips == {p["status"]["podIP"] for p in replicas}
+    # Back to two, as the rollout scenarios below expect.
+    kubectl(["scale", "mcs", NAME, "--namespace=default", "--replicas=2"])
+    wait_until("two replica pods after scaling back", lambda: len(replica_pods(NAME)) == 2, 300)
+
+
+def replica_uids() -> dict[str, str]:
+    return {p["metadata"]["name"]: p["metadata"]["uid"] for p in replica_pods(NAME)}
+
+
+def test_an_operator_upgrade_and_restart_leave_every_replica_pod_alone(
+    node_cluster: kube_node.Images,
+) -> None:
+    """`helm upgrade` with an unchanged resource: the operator's pod is replaced (its template changed),
+    the new process reconciles, and no replica pod is restarted, replaced or re-proven."""
+    status = cluster.get_serving(NAME)["status"]
+    assert {c["type"]: c["status"] for c in status["conditions"]}.get("Ready") == "True", status
+    uids, run = replica_uids(), status["canary"]["runId"]
+    old_operators = {p["metadata"]["uid"] for p in operator_pods()}
+    cluster.helm(
+        [
+            "upgrade",
+            cluster.RELEASE,
+            str(cluster.CHART),
+            f"--namespace={cluster.OPERATOR_NAMESPACE}",
+            "--reuse-values",
+            "--set-string=podAnnotations.node-tier/upgraded=yes",
+            "--wait",
+            "--timeout=5m",
+        ]
+    )
+
+    def new_operator_reconciled() -> bool:
+        fresh = [p for p in operator_pods() if p["metadata"]["uid"] not in old_operators]
+        if not fresh or len(operator_pods()) != len(fresh):
+            return False  # the old pod is still going
+        return sum(operator_counters("mooncake_operator_reconciles_total").values()) >= 1
+
+    wait_until("the upgraded operator leads and reconciled", new_operator_reconciled, OPERATOR_READY_TIMEOUT)
+    time.sleep(UNCHANGED_WINDOW_S)  # a roll would start within a pass or two
+    after = cluster.get_serving(NAME)["status"]
+    assert replica_uids() == uids, f"the upgrade replaced replica pods: {uids} -> {replica_uids()}"
+    assert after["canary"]["runId"] == run, "the upgraded operator re-ran a canary on an unchanged resource"
+    assert {c["type"]: c["status"] for c in after["conditions"]}.get("Ready") == "True", after
+
+
+def rollout_to(engine_image: str, *, paused: bool) -> None:
+    """The engine image changes (a pod-template change); the master stays on the patched image it runs
+    (`store.master.image` defaults to the engine's: without it the master would restart too)."""
+    master = cluster.get_serving(NAME)["spec"]["engine"]["image"]
+    spec = {
+        "engine": {"image": engine_image},
+        "store": {"master": {"image": master}},
+        "rollout": {"paused": paused},
+    }
+    kubectl(["patch", "mcs", NAME, "--namespace=default", "--type=merge", "-p", json.dumps({"spec": spec})])
+
+
+def test_a_paused_rollout_changes_no_pod(node_cluster: kube_node.Images) -> None:
+    uids = replica_uids()
+    rollout_to(node_cluster.engine_buggy, paused=True)
+
+    def says_paused() -> str | None:
+        message: str = (cluster.get_serving(NAME)["status"].get("rollout") or {}).get("message") or ""
+        return message if "rollout paused" in message else None
+
+    message = wait_until("status.rollout says the rollout is paused", says_paused, 120)
+    time.sleep(UNCHANGED_WINDOW_S)
+    assert replica_uids() == uids, f"a paused rollout replaced pods: {uids} -> {replica_uids()}"
+    assert NAME + "-replica-0" in message and NAME + "-replica-1" in message, message
+
+
+def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_serving(
+    node_cluster: kube_node.Images,
+) -> None:
+    """Unpaused under a client load through the client Service: a surge pod and the retired replica
+    come up on the corrupting engine, the canary fails them, and the old proven replica serves users
+    throughout: every sample of the Service has a proven pod, every answer is the reference one, no
+    user request reaches a new pod."""
+    before = replica_uids()
+    url = client_url(NAME)
+    with ClientLoad(url, cluster.client_model_name()) as load:
+        time.sleep(BASELINE_S)  # the reference answer, from the proven pods
+        with ServedLedger(NAME) as ledger, TrafficSampler(NAME) as sampler:
+            started = time.monotonic()
+            rollout_to(node_cluster.engine_buggy, paused=False)
+            verdict = cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT, since_spec_change=True)
+            verdict_s = time.monotonic() - started
+    responses = load.snapshot()
+    samples = sampler.samples
+    status = cluster.get_serving(NAME)["status"]
+    answers = {r.body_hash for r in responses if r.status == 200}
+    failed = [r for r in responses if r.status != 200]
+    serving_counts = [len(sample.endpoints) for sample in samples]
+    unproven = {
+        pod: n for pod, n in ledger.unproven_user_requests(born_after=time.time() - verdict_s).items() if n
+    }
+    kept = [name for name, uid in replica_uids().items() if before.get(name) == uid]
+    print(
+        "ROLLOUT-RESULT "
+        + json.dumps(
+            {
+                "scenario": "in-place rollout to a corrupting engine under load",
+                "verdict": verdict,
+                "verdict_s": round(verdict_s, 1),
+                "min_serving": min(serving_counts, default=0),
+                "samples": len(samples),
+                "requests": len(responses),
+                "failed": len(failed),
+                "answers": len(answers),
+                "unproven_user_requests": unproven,
+            }
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+    assert verdict == "CanaryFailed", status
+    assert samples and min(serving_counts) >= 1, (
+        f"the client Service was empty during the rollout: {serving_counts}"
+    )
+    assert not failed, f"users saw failures during the rollout: {failed[:5]}"
+    assert len(answers) == 1, f"users got {len(answers)} different answers: a corrupting pod served"
+    assert not unproven, f"user requests reached unproven pods: {unproven}"
+    assert kept, f"no old replica pod kept serving: {before} -> {replica_uids()}"
+    held = {
+        p["metadata"]["name"]
+        for p in replica_pods(NAME)
+        if p["metadata"]["labels"].get(TRAFFIC_LABEL) != "on"
+    }
+    assert held and not held & set(kept), f"held {held}, kept {kept}"
 
 
 def test_deleting_the_resource_removes_its_pods(node_cluster: kube_node.Images) -> None:
@@ -276,6 +418,7 @@ def test_deleting_the_resource_removes_its_pods(node_cluster: kube_node.Images) 
     )
 
 
+@pytest.mark.slow  # the in-place rollout above fails the same engine on real pods; the e2e tier, fresh
 def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_node.Images) -> None:
     kubectl(["apply", "-f", "-"], input=json.dumps(cluster.example_resource(node_cluster.engine_buggy)))
     assert cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT) == "CanaryFailed"

@@ -438,13 +438,19 @@ def replica_store_warnings(name: str, namespace: str = "default", per_pod: int =
     return "\n".join(lines)
 
 
-def wait_for_verdict(name: str, timeout: float) -> str:
-    """Prints each change of phase / ready replicas / conditions; returns Ready or CanaryFailed."""
+def wait_for_verdict(name: str, timeout: float, *, since_spec_change: bool = False) -> str:
+    """Prints each change of phase / ready replicas / conditions; returns Ready or CanaryFailed.
+    `since_spec_change`: only a verdict on the current spec counts (the operator observed its generation
+    and, for Ready, a canary covered the desired revision), not the one from before a patch."""
     deadline = time.monotonic() + timeout
     last = ""
     started = time.monotonic()
     while time.monotonic() < deadline:
-        status = get_serving(name).get("status") or {}
+        body = get_serving(name)
+        status = body.get("status") or {}
+        if since_spec_change and not _verdict_on_current_spec(body):
+            time.sleep(3)
+            continue
         phase = status.get("phase") or "(none)"
         replicas = status.get("replicas") or {}
         conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
@@ -470,6 +476,16 @@ def wait_for_verdict(name: str, timeout: float) -> str:
     raise ClusterError(
         f"{name} neither Ready nor CanaryFailed after {timeout:.0f} s (last: {last})\n{describe(name)}"
     )
+
+
+def _verdict_on_current_spec(body: dict[str, Any]) -> bool:
+    status = body.get("status") or {}
+    if status.get("observedGeneration") != body["metadata"]["generation"]:
+        return False
+    if status.get("phase") == "CanaryFailed":
+        return True
+    target = (status.get("canary") or {}).get("target") or {}
+    return bool(status.get("desiredRevision")) and target.get("revision") == status.get("desiredRevision")
 
 
 @contextmanager
