@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
+from mooncake_operator.canary.client import CounterScrapeError, scrape_counters
 from mooncake_operator.canary.models import CanaryConfig, PairResult, StoreCounters, Verdict
-from mooncake_operator.canary.runner import PairMeasurement, judge_pair, measure_pair
+from mooncake_operator.canary.runner import PairMeasurement, judge_pair, measure_pair, send_chat
 from mooncake_sandbox.errors import SandboxError, SandboxSetupError
 from mooncake_sandbox.ha import LeaderChange, UnplannedLeaderChange
 from mooncake_sandbox.runtime import Sandbox
@@ -104,11 +104,11 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
             f"the failover proof needs a standby master to take over; {ha.alive_count()} master(s) left"
         )
     writer, reader = config.replicas[0], config.replicas[1]
-    timeout = config.request_timeout_s
     salt = f"sandbox-before-failover-{uuid.uuid4().hex}"
     stored_under = await ha.epoch(client)
     writer_before = await _counters(client, writer, config)
-    cold = await chat(client, writer, config.request, cache_salt=salt, timeout=timeout)
+    # Sent as the canary sends them (logprobs by token id included): judged by the canary's rules below.
+    cold = await send_chat(client, writer, config, salt=salt)
     if not cold.ok:
         raise FailoverError(f"the pre-failover prefix could not be written: {cold.error or cold.status}")
     stored = (
@@ -139,7 +139,7 @@ async def prove_failover(sandbox: Sandbox, client: httpx.AsyncClient, config: Ca
 
     # Read now, not before the failover: the fresh pairs' loads must not count for this prefix.
     reader_before = await _counters(client, reader, config)
-    warm = await chat(client, reader, config.request, cache_salt=salt, timeout=timeout)
+    warm = await send_chat(client, reader, config, salt=salt)
     reader_after = await _counters(client, reader, config) if warm.ok else None
     evidence = PairMeasurement(
         index=0,
