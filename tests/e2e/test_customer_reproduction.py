@@ -242,6 +242,85 @@ async def test_canary_fails_on_the_buggy_engine(sandbox: Sandbox, reference: Ref
     assert result.cost.chat_requests == 2 * len(result.pairs)
 
 
+# --- the periodic re-canary on replicas that serve users --------------------------------------------
+
+
+@dataclass
+class ReaderLoad:
+    """Users' traffic that loads from the store, as a re-canary of a serving reader meets it: each user
+    request is sent to A (it stores the prefix) and then to B (it loads it), with a salt of its own, so
+    both replicas' replica-wide counters (puts, external hits, drafts) rise beside the canary's own."""
+
+    sandbox: Sandbox
+    client: httpx.AsyncClient
+    sent: int = 0
+    failed: int = 0
+    b_external_hits_while_running: int = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            salt = fresh_salt("user")
+            for index in (A, B):
+                answer = await chat(
+                    self.client,
+                    self.sandbox.replica_urls[index],
+                    customer_request(),
+                    cache_salt=salt,
+                    timeout=TIMEOUT_S,
+                )
+                self.sent += 1
+                self.failed += 0 if answer.ok else 1
+
+
+async def canary_under_reader_load(
+    sandbox: Sandbox, client: httpx.AsyncClient
+) -> tuple[CanaryResult, ReaderLoad]:
+    """The canary (both directions, the configured request) while ReaderLoad runs; the load starts first
+    and runs until the canary ended. Returns the result and how much user traffic ran beside it."""
+    load = ReaderLoad(sandbox, client)
+    stop = asyncio.Event()
+    before = await counters(sandbox, client, B)
+    users = asyncio.create_task(load.run(stop))
+    try:
+        while load.sent < 2:  # the users' first pair went through: their loads are in B's counters
+            await sandbox.guard(asyncio.sleep(0.2))
+        result = await sandbox.guard(run_canary(sandbox.canary_config(eagle=True)))
+    finally:
+        stop.set()
+        await users
+    load.b_external_hits_while_running = (await counters(sandbox, client, B)).delta(
+        before
+    ).external_hit_tokens or 0
+    return result, load
+
+
+def assert_proven_from_the_answers(result: CanaryResult, load: ReaderLoad) -> None:
+    """The users' loads raised the replica-wide counters beyond the canary's own; the pairs' load evidence
+    came from each warm answer's own usage (per request), never from those counters."""
+    assert load.sent >= 2 and load.failed == 0, (load.sent, load.failed)
+    b = load.sandbox.replica_urls[B]
+    canary_hits = sum(pair.external_hit_tokens or 0 for pair in result.pairs if pair.reader == b)
+    assert load.b_external_hits_while_running > canary_hits, "the users' loads did not overlap the canary"
+    for pair in result.pairs:
+        where = f"{pair.writer} -> {pair.reader}"
+        assert pair.hit_evidence == "answer", (where, pair.hit_evidence, pair.reasons)
+        assert pair.warm is not None and pair.warm.cached_tokens == pair.expected_external_hit_tokens, where
+        assert pair.cold is not None and pair.cold.cached_tokens == 0, where
+        assert pair.warm.spec_decoding is not None and pair.warm.spec_decoding.num_draft_tokens > 0, where
+
+
+async def test_a_re_canary_under_users_store_traffic_fails_the_buggy_engine(
+    sandbox: Sandbox, client: httpx.AsyncClient
+) -> None:
+    await configure(sandbox, EngineMode.BUGGY, speculative=True)
+
+    result, load = await canary_under_reader_load(sandbox, client)
+
+    assert result.verdict is Verdict.FAILED, render_table(result)
+    assert all(pair.verdict is Verdict.FAILED for pair in result.pairs), render_table(result)
+    assert_proven_from_the_answers(result, load)
+
+
 # Slow (scripts/test-slow): the rule that a perturbation never excuses corruption is decided on measured
 # evidence the unit tier feeds it (tests/unit/test_canary_adversarial.py); this proves it on real engines.
 @pytest.mark.slow
@@ -337,6 +416,17 @@ async def test_canary_passes_on_the_patched_engine(sandbox: Sandbox) -> None:
         assert hit == pair.expected_external_hit_tokens and hit is not None, pair.request_name
         assert pair.load_get_keys == hit // BLOCK_SIZE, "the fixed load_mask fetches every counted block"
     assert [pair.external_hit_tokens for pair in result.pairs if pair.request_name == "request"] == [128, 128]
+
+
+async def test_a_re_canary_under_users_store_traffic_passes_the_patched_engine(
+    sandbox: Sandbox, client: httpx.AsyncClient
+) -> None:
+    await configure(sandbox, EngineMode.PATCHED, speculative=True)
+
+    result, load = await canary_under_reader_load(sandbox, client)
+
+    assert result.verdict is Verdict.PASSED, render_table(result)
+    assert_proven_from_the_answers(result, load)
 
 
 async def test_a_perturbed_reader_on_the_patched_engine_passes_with_the_divergence_reported(
