@@ -214,12 +214,52 @@ def test_gpus_equal_tensor_parallel_size_and_memory_adds_the_store() -> None:
     resources = replica_container(customer_deployment())["resources"]
     # 4 tensor-parallel workers, each mounting an 80GB segment and a 4GB local buffer.
     store = 4 * (80 + 4)
-    assert resources["requests"] == {"cpu": "16", "memory": f"{128 + store}Gi", "nvidia.com/gpu": "4"}
+    assert resources["requests"] == {
+        "cpu": "16",
+        "memory": f"{128 + store}Gi",
+        "nvidia.com/gpu": "4",
+        "ephemeral-storage": "10Gi",  # the /tmp scratch (pod.scratchSize's default)
+    }
     assert resources["limits"] == {"memory": f"{192 + store}Gi", "nvidia.com/gpu": "4"}
     obj = example_dict()
     obj["spec"]["model"]["cache"] = {"ephemeralSize": "600Gi"}
     ephemeral = replica_container(parse_resource(obj))["resources"]
-    assert ephemeral["requests"]["ephemeral-storage"] == "600Gi"  # the emptyDir cache
+    assert ephemeral["requests"]["ephemeral-storage"] == "610Gi"  # the emptyDir cache and the scratch
+
+
+def test_the_scratch_volume_is_sized_and_requested() -> None:
+    """/tmp (vLLM's compile caches) is an emptyDir on the node's disk: without a sizeLimit and a request
+    the scheduler ignores it and the kubelet may evict a serving replica for it."""
+
+    def template(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        spec = replica_stateful_set(parse_resource(obj), owner_uid=OWNER_UID)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        engine = next(c for c in spec["containers"] if c["name"] == "vllm")
+        return volumes["tmp"], engine["resources"]
+
+    tmp, resources = template(example_dict())
+    assert tmp["emptyDir"] == {"sizeLimit": "10Gi"}
+    assert resources["requests"]["ephemeral-storage"] == "10Gi"
+    obj = example_dict()
+    obj["spec"]["pod"] = {"scratchSize": "32Gi"}
+    obj["spec"]["engine"]["resources"]["requests"]["ephemeral-storage"] = "1Gi"
+    obj["spec"]["engine"]["resources"]["limits"]["ephemeral-storage"] = "2Gi"
+    tmp, resources = template(obj)
+    assert tmp["emptyDir"] == {"sizeLimit": "32Gi"}
+    # Added to what the user requests for the container's own writes (and to a limit when one is set).
+    assert resources["requests"]["ephemeral-storage"] == "33Gi"
+    assert resources["limits"]["ephemeral-storage"] == "34Gi"
+
+
+@pytest.mark.parametrize(
+    ("size", "problem"),
+    [("512Mi", "at least 1Gi"), ("ten gigs", "quantity"), ("-1Gi", "quantity")],
+)
+def test_a_scratch_size_that_cannot_hold_the_caches_is_refused(size: str, problem: str) -> None:
+    obj = example_dict()
+    obj["spec"]["pod"] = {"scratchSize": size}
+    with pytest.raises(ValueError, match=problem):
+        parse_resource(obj)
 
 
 def test_memory_request_without_a_user_request_is_the_store_alone() -> None:
