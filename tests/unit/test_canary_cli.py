@@ -136,7 +136,8 @@ def test_bad_expectation_files_exit_3(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "0.json_values_include.values: List should have at least 1 item" in capsys.readouterr().err
     expect.write_text("- kind: [unclosed\n")
     assert main(args) == 3
-    assert "is neither JSON nor YAML" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"is neither JSON nor YAML: {expect}:2:1: " in err, err  # the file, its line and column
 
 
 @pytest.mark.parametrize(

@@ -515,9 +515,10 @@ def _load_document(path: Path) -> object:
     except UnicodeDecodeError as error:
         raise UsageError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
-        return safe_yaml.load(text)  # JSON is YAML too
+        return safe_yaml.load(text, str(path))  # JSON is YAML too
     except yaml.YAMLError as error:
-        raise UsageError(f"{path} is neither JSON nor YAML: {error}") from None
+        where = safe_yaml.describe_error(error, str(path))
+        raise UsageError(f"{path} is neither JSON nor YAML: {where}") from None
 
 
 def _problems(error: ValidationError) -> list[str]:
