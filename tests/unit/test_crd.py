@@ -104,6 +104,9 @@ def test_names_versions_subresources_and_columns() -> None:
     }
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns == {
+        "Model": ".spec.model.name",
+        "Ready-Replicas": ".status.replicas.ready",
+        "Desired": ".status.replicas.desired",
         "Phase": ".status.phase",
         "Canary": ".status.canary.verdict",
         "ExtHit": ".status.canary.externalHitTokens",
@@ -112,6 +115,20 @@ def test_names_versions_subresources_and_columns() -> None:
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Age": ".metadata.creationTimestamp",
     }
+
+
+def test_every_printer_column_reads_a_field_of_the_models_with_its_type() -> None:
+    """A column whose jsonPath names no field (a rename in the models) would print empty forever."""
+    (version,) = custom_resource_definition()["spec"]["versions"]
+    fields = dict(walk(version["schema"]["openAPIV3Schema"]))
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"]
+        if path.startswith(".metadata."):
+            continue
+        plain = path.split("[?", 1)[0]  # a filtered list: the list itself must exist
+        assert plain in fields, f"{column['name']}: {path} is not a field of the CRD's schema"
+        if "[?" not in path:
+            assert fields[plain].get("type") == column["type"], column
 
 
 def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
