@@ -12,7 +12,7 @@ import yaml
 from tests.support.manifests import with_change as with_field
 
 from mooncake_operator.api.crd import openapi_schema
-from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment, reference_deployment_yaml
 from mooncake_operator.api.quantities import parse_quantity, parse_store_size
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
 from mooncake_operator.api.status import MooncakeServingStatus
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def example() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    loaded: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     return loaded
 
 
@@ -40,14 +40,14 @@ def problems_of(obj: dict[str, Any]) -> list[str]:
 
 def test_committed_example_is_the_packaged_one() -> None:
     committed = (REPO / "examples" / "minimax-m2.5-eagle3.yaml").read_text(encoding="utf-8")
-    assert committed == customer_deployment_yaml(), (
+    assert committed == reference_deployment_yaml(), (
         "examples/minimax-m2.5-eagle3.yaml drifted from operator/mooncake_operator/data/: "
         "copy one onto the other"
     )
 
 
 def test_customer_example_parses_to_the_customers_settings() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     spec = resource.spec
     assert resource.metadata.name == "minimax-m25"
     assert spec.model.name == "MiniMaxAI/MiniMax-M2.5"
@@ -60,7 +60,7 @@ def test_customer_example_parses_to_the_customers_settings() -> None:
 
 
 def test_wire_form_round_trips_in_camel_case() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     wire = resource.to_wire()
     assert wire["spec"]["engine"]["tensorParallelSize"] == 4
     assert wire["spec"]["store"]["master"]["rpcPort"] == 50051
@@ -68,7 +68,7 @@ def test_wire_form_round_trips_in_camel_case() -> None:
 
 
 def test_models_are_frozen() -> None:
-    spec = customer_deployment().spec
+    spec = reference_deployment().spec
     with pytest.raises(ValueError, match="frozen"):
         spec.replicas = 3  # type: ignore[misc]
 
@@ -216,7 +216,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_read_only_mappings_are_accepted() -> None:
-    assert parse_resource(MappingProxyType(example())) == customer_deployment()
+    assert parse_resource(MappingProxyType(example())) == reference_deployment()
 
 
 def test_status_models_carry_canary_evidence() -> None:

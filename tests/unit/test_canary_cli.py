@@ -12,7 +12,7 @@ from tests.support.adversarial_replicas import BenignTie
 from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator.canary.models import Comparison, ComparisonMode
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.cli.canary import build_config
 from mooncake_operator.cli.main import build_parser, main
 
@@ -74,7 +74,7 @@ def test_an_unreachable_replica_exits_3(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_request_model_and_expectation_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     request = tmp_path / "chat.json"
-    request.write_text(json.dumps({**customer_request(), "model": "placeholder"}))
+    request.write_text(json.dumps({**reference_request(), "model": "placeholder"}))
     expect = tmp_path / "expect.yaml"
     expect.write_text(
         "- kind: json_field_equals\n  field: replica\n  value: 4\n- kind: not_contains\n  text: us-east\n"
@@ -92,7 +92,7 @@ def test_request_model_and_expectation_files(tmp_path: Path, capsys: pytest.Capt
 def test_no_expect_turns_content_checks_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     request = tmp_path / "chat.yaml"
     request.write_text(
-        f"model: {customer_request()['model']}\nmessages:\n  - role: user\n    content: {'x ' * 80}\n"
+        f"model: {reference_request()['model']}\nmessages:\n  - role: user\n    content: {'x ' * 80}\n"
     )
     with FakeCluster.start(2) as cluster:
         assert main(["canary", *replica_args(cluster.urls), "--request", str(request)]) == 1

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mooncake_operator.api.crd import CRD_FILENAME, crd_yaml, custom_resource_definition, openapi_schema
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.quantities import STORE_SIZE_PATTERN, parse_store_size
 from mooncake_operator.api.resource import InvalidResourceError, parse_resource
 from mooncake_operator.api.status import (
@@ -206,7 +206,7 @@ def validator() -> jsonschema.Draft4Validator:
 
 
 def test_the_example_and_its_wire_form_validate_against_the_schema() -> None:
-    example = yaml.safe_load(customer_deployment_yaml())
+    example = yaml.safe_load(reference_deployment_yaml())
     validator().validate(example)
     validator().validate(parse_resource(example).to_wire())
 
@@ -224,7 +224,7 @@ def test_the_example_and_its_wire_form_validate_against_the_schema() -> None:
     ],
 )
 def test_the_schema_rejects_what_the_models_reject_field_by_field(path: str, value: Any) -> None:
-    obj = copy.deepcopy(yaml.safe_load(customer_deployment_yaml()))
+    obj = copy.deepcopy(yaml.safe_load(reference_deployment_yaml()))
     *parents, leaf = path.split(".")
     node = obj["spec"]
     for part in parents:
@@ -255,7 +255,7 @@ def test_status_written_by_the_operator_validates() -> None:
             pairs=[PairEvidence(writer="a", reader="b", verdict="Passed", external_hit_tokens=128)],
         ),
     )
-    obj = yaml.safe_load(customer_deployment_yaml())
+    obj = yaml.safe_load(reference_deployment_yaml())
     obj["status"] = status.to_wire()
     validator().validate(obj)
 

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.kube_types import GPU_RESOURCE
 from mooncake_operator.api.replica_pod import HF_HOME_PATH, RESERVED_MOUNT_PATHS, RESERVED_VOLUMES
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
@@ -37,7 +37,7 @@ OWNER_UID = "5b0c1d7e-0000-4000-8000-000000000024"
 
 
 def example(**spec_changes: Any) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    obj: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     for path, value in spec_changes.items():
         node = obj["spec"]
         *parents, last = path.split("__")

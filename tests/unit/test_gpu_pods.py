@@ -14,7 +14,7 @@ import yaml
 from tests.support.fake_api import runtime_answering
 
 from mooncake_operator.api.engine_flags import managed_flag_of
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.group import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, replica_pod_labels
 from mooncake_operator.api.kube_types import LabelSelector
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
@@ -43,7 +43,7 @@ RDMA_EXAMPLE = REPO / "examples" / "minimax-m2.5-eagle3-rdma.yaml"
 
 
 def example() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    loaded: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     return loaded
 
 

@@ -52,7 +52,7 @@ proven is Inconclusive, with its cause. With --block-size each pair also runs th
 block-boundary suite (prompts ending on, one past and one short of a block boundary, and one of many
 blocks, padded with the replicas' own /tokenize); --suite FILE runs yours, --no-suite none.
 
-Default request: the customer's deployment-record chat (temperature 0). Default expectations: one
+Default request: the reference deployment's deployment-record chat (temperature 0). Default expectations: one
 JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before it.
 
 --resource [NAMESPACE/]NAME reads the MooncakeServing from the API (needs `get` on
@@ -147,7 +147,7 @@ def register(subparsers: Any) -> None:
         "--request",
         type=Path,
         metavar="FILE",
-        help="chat completion body, JSON or YAML (default: customer's)",
+        help="chat completion body, JSON or YAML (default: the reference deployment's)",
     )
     parser.add_argument("--model", metavar="NAME", help="replace the request's model (the served model name)")
     content = parser.add_mutually_exclusive_group()
@@ -458,7 +458,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     from pydantic import ValidationError
 
     from mooncake_operator.canary.models import CanaryConfig
-    from mooncake_operator.canary.request import customer_request
+    from mooncake_operator.canary.request import reference_request
 
     if args.kubeconfig is not None or args.context is not None:
         raise UsageError("--kubeconfig and --context only apply with --resource")
@@ -466,7 +466,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
         raise UsageError("-n/--namespace only applies with --resource")
     if len(args.replica) < 2:
         raise UsageError("give at least two --replica URLs: one writes the prefix, another reads it")
-    request = _load_request(args.request) if args.request else customer_request()
+    request = _load_request(args.request) if args.request else reference_request()
     if args.model:
         request["model"] = args.model
     options: dict[str, Any] = {
