@@ -241,7 +241,7 @@ def test_inside_the_cluster_the_canary_dials_the_proven_pods_ips(
     state.pods = [replica_pods(set_uid="uid-someone-elses")[0], *replica_pods()]
     runs: list[list[str]] = []
 
-    async def recorded(config: CanaryConfig, client: object = None) -> CanaryResult:
+    async def recorded(config: CanaryConfig, client: object = None, progress: object = None) -> CanaryResult:
         runs.append(list(config.replicas))
         return CanaryResult(
             run_id="r",

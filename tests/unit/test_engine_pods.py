@@ -435,7 +435,7 @@ def test_production_example_keeps_weights_on_a_claim_per_replica() -> None:
     resource = parse_resource(example())
     assert resource.spec.model.cache.volume_claim_template is not None
     requests = engine(resource)["resources"]["requests"]
-    assert EPHEMERAL_STORAGE not in requests
+    assert requests[EPHEMERAL_STORAGE] == "10Gi"  # the /tmp scratch alone: the weights are on the claim
     claims = stateful_set(resource)["spec"]["volumeClaimTemplates"]
     assert claims[0]["spec"]["resources"]["requests"]["storage"] == "600Gi"
 

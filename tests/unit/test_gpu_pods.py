@@ -356,10 +356,12 @@ def test_an_ephemeral_cache_is_requested_as_ephemeral_storage() -> None:
         {"requests": {"ephemeral-storage": "20Gi"}, "limits": {"ephemeral-storage": "50Gi"}},
     )
     resources = engine(parse_resource(obj))["resources"]
-    assert resources["requests"]["ephemeral-storage"] == "620Gi"  # the engine's own + the 600Gi cache
-    assert resources["limits"]["ephemeral-storage"] == "650Gi"
+    # The engine's own + the 600Gi cache + the 10Gi /tmp scratch.
+    assert resources["requests"]["ephemeral-storage"] == "630Gi"
+    assert resources["limits"]["ephemeral-storage"] == "660Gi"
     claim = changed(example(), "spec.model.cache", {"existingClaim": "shared"})
-    assert "ephemeral-storage" not in engine(parse_resource(claim))["resources"]["requests"]
+    # A claim holds the weights: only the scratch is on the node's disk.
+    assert engine(parse_resource(claim))["resources"]["requests"]["ephemeral-storage"] == "10Gi"
 
 
 def test_a_claim_per_replica_replaces_the_cache_volume() -> None:
@@ -387,7 +389,7 @@ def test_a_claim_per_replica_replaces_the_cache_volume() -> None:
     volumes = [v["name"] for v in stateful_set["spec"]["template"]["spec"]["volumes"]]
     assert "hf-cache" not in volumes
     assert {"name": "hf-cache", "mountPath": HF_HOME} in engine(resource)["volumeMounts"]
-    assert "ephemeral-storage" not in engine(resource)["resources"]["requests"]
+    assert engine(resource)["resources"]["requests"]["ephemeral-storage"] == "10Gi"  # the scratch alone
 
 
 def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
