@@ -32,7 +32,7 @@ from mooncake_operator import safe_yaml
 from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
 from mooncake_operator.canary.expectations import search_json
 from mooncake_operator.canary.models import CanaryConfig
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 
 MIB = 2**20
 
@@ -128,7 +128,7 @@ async def chat_answer_memory() -> str:
         async with httpx.AsyncClient(trust_env=False) as client:
             tracemalloc.start()
             answer = await chat(
-                client, url, customer_request(), cache_salt=None, timeout=60, max_body_bytes=8 * MIB
+                client, url, reference_request(), cache_salt=None, timeout=60, max_body_bytes=8 * MIB
             )
             held, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()

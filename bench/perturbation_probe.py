@@ -25,7 +25,7 @@ from typing import Any
 import torch  # type: ignore[import-not-found]  # engine venv only
 from transformers import AutoModelForCausalLM, AutoTokenizer  # type: ignore[import-not-found]
 
-from mooncake_operator.canary.request import TokenCount, build_suite, customer_request, suite_cost
+from mooncake_operator.canary.request import TokenCount, build_suite, reference_request, suite_cost
 
 # Run as a script, not imported from mooncake_sandbox: that package is not on this PYTHONPATH, and it
 # imports the operator's own dependencies, which the engine venv lacks.
@@ -45,7 +45,7 @@ def main(models: Path, bounds: list[float]) -> dict[str, Any]:
     async def count(request: dict[str, Any]) -> TokenCount:
         return TokenCount(len(encode(request["messages"])), 4096)
 
-    suite = asyncio.run(build_suite(customer_request(), count, block_size=BLOCK_SIZE))
+    suite = asyncio.run(build_suite(reference_request(), count, block_size=BLOCK_SIZE))
     prompts = [(item.name, encode(item.request["messages"]), item.request["max_tokens"]) for item in suite]
     torch.set_num_threads(1)
 

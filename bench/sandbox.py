@@ -30,7 +30,7 @@ import httpx
 
 from mooncake_operator.canary.client import chat
 from mooncake_operator.canary.models import CanaryResult
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.canary.runner import run_canary
 from mooncake_sandbox import EngineMode, Prepared, Sandbox, SandboxOptions, netns, prepare, start_sandbox
 
@@ -64,7 +64,7 @@ async def one_run(prepared: Prepared, run_dir: Path) -> dict[str, Any]:
             async with httpx.AsyncClient(trust_env=False) as client:  # step 3
                 salt = f"bench-{uuid.uuid4().hex}"
                 cold_b = await chat(
-                    client, sandbox.replica_urls[1], customer_request(), cache_salt=salt, timeout=300
+                    client, sandbox.replica_urls[1], reference_request(), cache_salt=salt, timeout=300
                 )
             restart_started = time.monotonic()
             await sandbox.restart_replicas([0, 1], speculative=False)

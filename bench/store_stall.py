@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from mooncake_operator.canary.client import chat
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_sandbox import SandboxOptions, start_sandbox
 from mooncake_sandbox.netns import in_private_netns
 from mooncake_sandbox.processes import group_members
@@ -129,7 +129,7 @@ async def timed_chat(
     """One chat; with py_spy_dumps, dumps every replica process at threshold_s and every 20 s after."""
     started = time.monotonic()
     task = asyncio.ensure_future(
-        chat(client, url, customer_request(), cache_salt=salt, timeout=REQUEST_TIMEOUT_S)
+        chat(client, url, reference_request(), cache_salt=salt, timeout=REQUEST_TIMEOUT_S)
     )
     dumps = 0
     deadline = threshold_s

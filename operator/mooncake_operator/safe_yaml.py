@@ -32,9 +32,11 @@ class YamlBombError(yaml.YAMLError):
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    def __init__(self, stream: str | bytes) -> None:
+    def __init__(self, stream: str | bytes, name: str | None = None) -> None:
         super().__init__(stream)
         self._aliases = 0
+        if name is not None:
+            self.name = name  # what every error's mark says instead of "<unicode string>"
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -100,13 +102,26 @@ def _children(node: Node) -> list[Node]:
     return []
 
 
+def describe_error(error: yaml.YAMLError, source: str) -> str:
+    """`source:LINE:COLUMN: what is wrong` for a syntax error (lines and columns from 1), else
+    `source: error`."""
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        problem = error.problem or error.context or "invalid YAML"
+        if mark is not None:
+            context = f" ({error.context})" if error.context and error.problem else ""
+            return f"{source}:{mark.line + 1}:{mark.column + 1}: {problem}{context}"
+    return f"{source}: {error}"
+
+
 class YamlValueError(yaml.YAMLError):
     """A value Python cannot hold as written (a 5000-digit integer), or nesting past the stack."""
 
 
-def load(text: str | bytes) -> Any:
-    """One YAML (or JSON) document, with aliases bounded; raises yaml.YAMLError (YamlBombError)."""
-    loader = _BoundedLoader(text)
+def load(text: str | bytes, name: str | None = None) -> Any:
+    """One YAML (or JSON) document, with aliases bounded; raises yaml.YAMLError (YamlBombError). `name`
+    (the file's) is what errors name as the place."""
+    loader = _BoundedLoader(text, name)
     try:
         return loader.get_single_data()
     except (ValueError, OverflowError) as error:
@@ -117,9 +132,10 @@ def load(text: str | bytes) -> Any:
         loader.dispose()
 
 
-def load_all(text: str | bytes) -> list[Any]:
-    """Every document of a YAML stream, each with aliases bounded; raises yaml.YAMLError."""
-    loader = _BoundedLoader(text)
+def load_all(text: str | bytes, name: str | None = None) -> list[Any]:
+    """Every document of a YAML stream, each with aliases bounded; raises yaml.YAMLError. `name` (the
+    file's) is what errors name as the place."""
+    loader = _BoundedLoader(text, name)
     try:
         documents = []
         while loader.check_data():  # type: ignore[no-untyped-call]

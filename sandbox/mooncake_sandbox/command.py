@@ -1,4 +1,4 @@
-"""`mooncake-operator sandbox`: the customer's deployment on real engines, on this machine, with the canary.
+"""`mooncake-operator sandbox`: the reference deployment on real engines, on this machine, with the canary.
 
     mooncake-operator sandbox [run] [--engine patched|buggy] [--replicas N] [--no-speculative] [--json]
     mooncake-operator sandbox --master-ha [--no-oplog]   # etcd + 3 masters; the leader is killed mid-run
@@ -8,7 +8,7 @@
 
 `run` (the default) prepares what is missing (the only step that needs the network), re-executes itself
 in a loopback-only network namespace, starts a real mooncake_master and N real vLLM CPU replicas
-configured by `engine_args` from the customer's deployment, runs the warm/cold canary across them,
+configured by `engine_args` from the reference deployment, runs the warm/cold canary across them,
 prints the verdict with its evidence and stops everything, also on Ctrl-C, SIGTERM and failure.
 
 With `--master-ha` it runs a real etcd and three masters electing a leader instead of one master, and
@@ -97,7 +97,7 @@ operator's image does not carry it.
 
 # The one-line help `mooncake-operator --help` lists (the CLI knows it without loading the sandbox; a unit
 # test keeps the two equal).
-SUMMARY = "run the customer's deployment on real CPU engines here and prove it with the canary"
+SUMMARY = "run the reference deployment on real CPU engines here and prove it with the canary"
 
 
 def register(subparsers: Any) -> None:

@@ -1,7 +1,7 @@
 """Which vLLM code the replicas run: the pre-fix (buggy) coordinator, or that same code after our patcher.
 
 Both are private overlays prepended to PYTHONPATH; the installed vLLM is never edited. `patched` is
-built exactly the way the engine image fixes a customer's main-branch build: start from the buggy
+built exactly the way the engine image fixes a user's main-branch build: start from the buggy
 coordinator and run `images/vllm-mooncake/patch_connector.py apply` on it.
 """
 
@@ -87,7 +87,7 @@ def _build(env: EngineEnv, mode: EngineMode, installed: Path, patcher: Path, roo
     # Built in place; READY, written last, is what makes a directory usable.
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    # The pre-fix shape of main (before vLLM PR #43516): the customer's kind of build.
+    # The pre-fix shape of main (before vLLM PR #43516): the reference deployment's kind of build.
     pythonpath = make_buggy_overlay(installed, root / "overlay", transform=revert_to_prefix_shape)
     if mode is EngineMode.PATCHED:
         applied = _patcher(env, patcher, "apply", pythonpath / "vllm")

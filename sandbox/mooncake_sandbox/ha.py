@@ -1,7 +1,7 @@
 """Highly available masters in the sandbox: a real etcd and N real mooncake_master electing a leader.
 
 The masters' HA flags and the replicas' `etcd://` master address and cluster id come from
-`render.ha_topology` / `engine_args.HaTopology`, fed the customer's deployment with
+`render.ha_topology` / `engine_args.HaTopology`, fed the reference deployment with
 `store.master.highAvailability` enabled and the sandbox's etcd as its external etcd: the same functions
 that render production's master StatefulSet and store config.
 
@@ -32,7 +32,7 @@ from typing import TypeVar
 
 import httpx
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.api.store import EtcdSpec, ExternalEtcd, MasterHighAvailability, MasterSpec
 from mooncake_operator.build.engine_args import HaTopology, master_argv
@@ -55,9 +55,10 @@ T = TypeVar("T")
 def sandbox_ha_resource(
     etcd_endpoint: str, *, masters: int, enable_oplog: bool, master: MasterSpec | None = None
 ) -> MooncakeServing:
-    """The customer's deployment with highly available masters electing through the sandbox's etcd;
-    `master`: the master spec to make highly available (the sandbox's, with its TTLs), else the customer's."""
-    resource = customer_deployment()
+    """The reference deployment with highly available masters electing through the sandbox's etcd;
+    `master`: the master spec to make highly available (the sandbox's, with its TTLs), else the
+    reference deployment's."""
+    resource = reference_deployment()
     ha = MasterHighAvailability(
         enabled=True,
         replicas=masters,

@@ -8,7 +8,7 @@ differ by at most BOUND nats at every position, which is what GPU drift looks li
     python perturbed_model.py SOURCE_TARGET_DIR OUTPUT_DIR BOUND_NATS
 
 Why the weights and not a vLLM logits processor: vLLM 0.32 refuses custom `--logits-processors`
-when a speculative config is set (the customer's Eagle-3 deployment, where the bug lives).
+when a speculative config is set (the reference Eagle-3 deployment, where the bug lives).
 
 What changes: only `lm_head.weight`, row i plus a seeded random vector n_i. Every layer before it,
 and so every KV block, is the original's: a block the writer stores is exactly the block the reader

@@ -5,7 +5,7 @@
         await sandbox.restart_replica(1, speculative=False)
 
 Every argv, environment variable and store-config key comes from `mooncake_operator.build.engine_args`
-(the production source), fed the customer's deployment; only the CPU substitutions differ, and
+(the production source), fed the reference deployment; only the CPU substitutions differ, and
 `Sandbox.describe()` lists each of them. Whatever happens (success, exception, cancellation by
 Ctrl-C or SIGTERM), leaving the context stops every process the sandbox started.
 """
@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import httpx
 
 from mooncake_operator.api.canary_spec import CanarySpec
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.engine_args import (
     EngineLaunch,
@@ -44,7 +44,7 @@ from mooncake_operator.canary import policy
 from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
 from mooncake_operator.canary.metrics import EXTERNAL_HITS
 from mooncake_operator.canary.models import CanaryConfig
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_sandbox.cpu_stalls import CpuStallWatch
 from mooncake_sandbox.engine_env import EngineEnv, Log, cache_root, ensure_engine_env
 from mooncake_sandbox.engines import EngineBuild, EngineMode, prepare_engine
@@ -165,11 +165,11 @@ def prepare(engines: tuple[EngineMode, ...], *, log: Log, cache: Path | None = N
 def sandbox_spec(
     *, speculative: bool, revision: int = 1, store_isolation: bool = True
 ) -> MooncakeServingSpec:
-    """The customer's deployment spec; without its speculative config for `--no-speculative`.
+    """The reference deployment's spec; without its speculative config for `--no-speculative`.
 
     Revision 2 stands for a rollout of new weights: the spec's model.revision changes (so does the
     KV fingerprint), and the replica loads the tiny target's second revision."""
-    spec = customer_deployment().spec
+    spec = reference_deployment().spec
     master = spec.store.master.model_copy(update=SANDBOX_MASTER_TIMING)
     updates: dict[str, Any] = {
         "store": spec.store.model_copy(update={"isolate_revisions": store_isolation, "master": master}),
@@ -184,14 +184,15 @@ def sandbox_spec(
 # The canary the sandbox runs, as a spec's canary: content checks off (the tiny random model answers
 # gibberish; warm must still equal cold and the reader must load the whole prefix), every replica as
 # writer and reader, and 300 s per request (a CPU replica on a busy 2-core machine can take long).
-# The customer's request alone (suite []): each block-boundary request costs a CPU replica pair ~20 s,
+# The reference request alone (suite []): each block-boundary request costs a CPU replica pair ~20 s,
 # and the sandbox's scenarios (failover, revisions) prove the store, not the suite; the suite is proven
 # on these engines by tests/e2e/test_customer_reproduction.py, and `canary` runs it against any replicas.
 SANDBOX_CANARY = CanarySpec(expectations=[], pairs="ring", timeout_seconds=300, suite=[])
 
 
 def canary_spec(*, speculative: bool, block_size: int) -> MooncakeServingSpec:
-    """The spec whose canary the sandbox runs: the customer's at the sandbox's block size, SANDBOX_CANARY.
+    """The spec whose canary the sandbox runs: the reference deployment's at the sandbox's block size,
+    SANDBOX_CANARY.
 
     The operator's `canary.policy.canary_config` turns it into the canary's config, so the sandbox and the
     operator prove a deployment by one rule (the exact hit follows the block size and Eagle's drop)."""
@@ -642,7 +643,7 @@ class Sandbox:
         if not pairs:
             return
         started = time.monotonic()
-        request = customer_request()
+        request = reference_request()
         async with httpx.AsyncClient(trust_env=False) as client:
             for writer, reader in pairs:
                 await self._warm_one_path(client, request, writer, reader)

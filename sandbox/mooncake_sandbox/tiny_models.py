@@ -67,7 +67,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-# Text the tokenizer learns from: the vocabulary of the customer's conversation (so its prompt
+# Text the tokenizer learns from: the vocabulary of the reference deployment's conversation (so its prompt
 # tokenises compactly) plus seeded pseudo-words (so BPE has enough pairs to reach 2048 tokens).
 SEED_TEXT = """
 You maintain a deployment record. When a setting is updated, discard its previous value and

@@ -175,7 +175,7 @@ async def test_new_pods_join_the_client_endpoints_only_after_a_pass_and_inconclu
             # The new pods' canary is Inconclusive: neither serves, and the rollout goes no further, so
             # the proven old replica 0 keeps serving alone.
             kubelet.hold.clear()
-            inconclusive = await settled_at(kube, namespace, 2, "CanaryFailed")
+            inconclusive = await settled_at(kube, namespace, 2, "CanaryInconclusive")
             assert condition(inconclusive, "Ready")["reason"] == "CanaryInconclusive"
             new = await pod_identities(kube, namespace)
             assert set(new.values()) & set(proven.values()) == {proven["demo-replica-0"]}
@@ -221,4 +221,4 @@ async def _another_run(kube: KubeClient, namespace: str, before: dict[str, Any])
     done = (
         canary.get("runId") != before["status"]["canary"]["runId"] and canary.get("verdict") == "Inconclusive"
     )
-    return body if done and body["status"]["phase"] == "CanaryFailed" else None
+    return body if done and body["status"]["phase"] == "CanaryInconclusive" else None

@@ -46,7 +46,7 @@ from mooncake_operator.canary.models import (
     Verdict,
 )
 from mooncake_operator.canary.report import render_json, render_table
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.canary.runner import run_canary
 from mooncake_sandbox import (
     EngineMode,
@@ -137,7 +137,7 @@ async def configure(
 
 async def ask(sandbox: Sandbox, client: httpx.AsyncClient, index: int, salt: str) -> ChatAnswer:
     url = sandbox.replica_urls[index]
-    answer = await sandbox.guard(chat(client, url, customer_request(), cache_salt=salt, timeout=TIMEOUT_S))
+    answer = await sandbox.guard(chat(client, url, reference_request(), cache_salt=salt, timeout=TIMEOUT_S))
     assert answer.ok, f"{sandbox.replicas[index].name}: {answer.error} {answer.body_excerpt or ''}"
     return answer
 
@@ -264,7 +264,7 @@ class ReaderLoad:
                 answer = await chat(
                     self.client,
                     self.sandbox.replica_urls[index],
-                    customer_request(),
+                    reference_request(),
                     cache_salt=salt,
                     timeout=TIMEOUT_S,
                 )

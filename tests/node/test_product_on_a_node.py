@@ -36,7 +36,7 @@ from tests.support.fault_scenarios import BASELINE_S, client_url
 from tests.support.kube_node import kubectl
 
 from mooncake_operator.build.names import TRAFFIC_LABEL
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 
 NAME = "minimax-m25"
 QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
@@ -435,7 +435,7 @@ def test_buggy_engine_ends_canary_failed_and_out_of_traffic(node_cluster: kube_n
     before = {ip: success_count(ip) for ip in held_ips}
     service_ip = get_json("get", "service", NAME, "--namespace=default")["spec"]["clusterIP"]
     body = {
-        **customer_request(),
+        **reference_request(),
         "model": cluster.example_resource("-")["spec"]["model"]["name"],
         "max_tokens": 4,
     }

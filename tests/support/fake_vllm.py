@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 import prometheus_client
 
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 
 DEFAULT_MODEL = "MiniMaxAI/MiniMax-M2.5"
 CORRECT_ANSWER = '{"region": "us-west", "replica_count": 4, "max_batch_size": 16}'
@@ -121,7 +121,7 @@ def block_hashes(tokens: Sequence[str], block_size: int, salt: str | None) -> li
 def answer_for(messages: Sequence[dict[str, Any]]) -> str:
     """The correct (cold) answer: the customer's JSON for the customer's question (also after the default
     suite's padding turn), else a stable digest."""
-    if messages and messages[-1] == customer_request()["messages"][-1]:
+    if messages and messages[-1] == reference_request()["messages"][-1]:
         return CORRECT_ANSWER
     digest = hashlib.sha256(json.dumps(list(messages), sort_keys=True).encode()).hexdigest()
     return f"Deterministic answer {digest[:16]}."

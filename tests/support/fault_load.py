@@ -29,7 +29,7 @@ import httpx
 from tests.support import cluster
 from tests.support.kube_node import kubectl
 
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 
 MAX_TOKENS = 8
 REQUEST_TIMEOUT_S = 30.0
@@ -47,7 +47,7 @@ class Response:
 
 def load_request(model: str) -> dict[str, Any]:
     """The customer's chat request, short and greedy (so every correct answer is the same text)."""
-    return {**customer_request(), "model": model, "max_tokens": MAX_TOKENS, "temperature": 0.0}
+    return {**reference_request(), "model": model, "max_tokens": MAX_TOKENS, "temperature": 0.0}
 
 
 def answer_hash(body: dict[str, Any]) -> str:

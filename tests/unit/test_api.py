@@ -12,7 +12,7 @@ import yaml
 from tests.support.manifests import with_change as with_field
 
 from mooncake_operator.api.crd import openapi_schema
-from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment, reference_deployment_yaml
 from mooncake_operator.api.quantities import parse_quantity, parse_store_size
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
 from mooncake_operator.api.status import MooncakeServingStatus
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def example() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    loaded: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     return loaded
 
 
@@ -40,14 +40,14 @@ def problems_of(obj: dict[str, Any]) -> list[str]:
 
 def test_committed_example_is_the_packaged_one() -> None:
     committed = (REPO / "examples" / "minimax-m2.5-eagle3.yaml").read_text(encoding="utf-8")
-    assert committed == customer_deployment_yaml(), (
+    assert committed == reference_deployment_yaml(), (
         "examples/minimax-m2.5-eagle3.yaml drifted from operator/mooncake_operator/data/: "
         "copy one onto the other"
     )
 
 
 def test_customer_example_parses_to_the_customers_settings() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     spec = resource.spec
     assert resource.metadata.name == "minimax-m25"
     assert spec.model.name == "MiniMaxAI/MiniMax-M2.5"
@@ -60,7 +60,7 @@ def test_customer_example_parses_to_the_customers_settings() -> None:
 
 
 def test_wire_form_round_trips_in_camel_case() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     wire = resource.to_wire()
     assert wire["spec"]["engine"]["tensorParallelSize"] == 4
     assert wire["spec"]["store"]["master"]["rpcPort"] == 50051
@@ -68,7 +68,7 @@ def test_wire_form_round_trips_in_camel_case() -> None:
 
 
 def test_models_are_frozen() -> None:
-    spec = customer_deployment().spec
+    spec = reference_deployment().spec
     with pytest.raises(ValueError, match="frozen"):
         spec.replicas = 3  # type: ignore[misc]
 
@@ -149,10 +149,19 @@ INVALID = [
     ("spec.engine.resources", {"limits": {"nvidia.com/gpu": 8}}, "must not set nvidia.com/gpu"),
     ("spec.engine.resources", {"requests": {"memory": "lots"}}, "cannot parse quantity 'lots'"),
     ("spec.model.cache", {"ephemeralSize": "-1Gi"}, "quantity '-1Gi' must not be negative"),
-    ("spec.engine.tensorParalelSize", 4, "spec.engine.tensorParalelSize: Extra inputs are not permitted"),
+    (
+        "spec.engine.tensorParalelSize",
+        4,
+        "spec.engine.tensorParalelSize: unknown field; did you mean 'tensorParallelSize'?",
+    ),
+    ("spec.engine.image", "Not A Valid Ref!!", "spec.engine.image: image 'Not A Valid Ref!!' contains"),
+    ("spec.engine.image", "team/VLLM:1", "(the repository must be lowercase)"),
+    ("spec.store.master.image", "m@sha256:abc", "spec.store.master.image: image 'm@sha256:abc' is not"),
+    ("spec.pod.scratchSise", "1Gi", "spec.pod.scratchSise: unknown field; did you mean 'scratchSize'?"),
+    ("spec.pod.zzz", 1, "spec.pod.zzz: unknown field (known fields: automountServiceAccountToken,"),
     ("spec.engine.image", None, "spec.engine.image: Field required"),
     ("spec.model.cache", {"existingClaim": "hf", "ephemeralSize": "1Ti"}, "set either existingClaim"),
-    ("spec.model.hfToken", "hf_secret", "spec.model.hfToken: Extra inputs are not permitted"),
+    ("spec.model.hfToken", "hf_secret", "spec.model.hfToken: unknown field; did you mean 'hfTokenSecretRef'"),
     ("spec.store.master.metricsPort", 50051, "rpcPort and metricsPort must differ"),
     ("spec.canary.onFailure", "Ignore", "Input should be 'Hold' or 'Rollback'"),
     ("spec.canary.pairs", "all", "Input should be 'ring' or 'first'"),
@@ -207,7 +216,7 @@ def test_every_problem_is_reported_at_once() -> None:
 
 
 def test_read_only_mappings_are_accepted() -> None:
-    assert parse_resource(MappingProxyType(example())) == customer_deployment()
+    assert parse_resource(MappingProxyType(example())) == reference_deployment()
 
 
 def test_status_models_carry_canary_evidence() -> None:

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tests.support.manifests import with_change
 
 from mooncake_operator.api.crd import openapi_schema
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.resource import InvalidResourceError, parse_resource
 from mooncake_operator.api.spec import MAX_REPLICAS
 from mooncake_operator.canary.models import CanaryConfig
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 
 
 def example(path: str, value: Any) -> dict[str, Any]:
-    return with_change(yaml.safe_load(customer_deployment_yaml()), path, value)
+    return with_change(yaml.safe_load(reference_deployment_yaml()), path, value)
 
 
 def problems_of(obj: dict[str, Any]) -> list[str]:

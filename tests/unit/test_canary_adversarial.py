@@ -325,10 +325,10 @@ async def test_a_reasoning_model_fails_buggy(reasoning: str) -> None:
 
 
 async def test_an_answer_cut_inside_the_reasoning_leaves_its_content_checks_unjudged() -> None:
-    from mooncake_operator.canary.request import customer_request
+    from mooncake_operator.canary.request import reference_request
 
     with FakeCluster.start(2, reasoning="parser") as cluster:
-        result = await canary(cluster, pairs="first", request={**customer_request(), "max_tokens": 10})
+        result = await canary(cluster, pairs="first", request={**reference_request(), "max_tokens": 10})
     [pair] = result.pairs
     assert pair.verdict is Verdict.INCONCLUSIVE and not pair.only_load_unproven
     assert "stopped at its token budget (finish_reason length) before it ended" in reasons(pair)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from tests.support.adversarial_replicas import BenignTie
 from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator.canary.models import Comparison, ComparisonMode
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.cli.canary import build_config
 from mooncake_operator.cli.main import build_parser, main
 
@@ -73,7 +74,7 @@ def test_an_unreachable_replica_exits_3(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_request_model_and_expectation_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     request = tmp_path / "chat.json"
-    request.write_text(json.dumps({**customer_request(), "model": "placeholder"}))
+    request.write_text(json.dumps({**reference_request(), "model": "placeholder"}))
     expect = tmp_path / "expect.yaml"
     expect.write_text(
         "- kind: json_field_equals\n  field: replica\n  value: 4\n- kind: not_contains\n  text: us-east\n"
@@ -91,7 +92,7 @@ def test_request_model_and_expectation_files(tmp_path: Path, capsys: pytest.Capt
 def test_no_expect_turns_content_checks_off(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     request = tmp_path / "chat.yaml"
     request.write_text(
-        f"model: {customer_request()['model']}\nmessages:\n  - role: user\n    content: {'x ' * 80}\n"
+        f"model: {reference_request()['model']}\nmessages:\n  - role: user\n    content: {'x ' * 80}\n"
     )
     with FakeCluster.start(2) as cluster:
         assert main(["canary", *replica_args(cluster.urls), "--request", str(request)]) == 1
@@ -136,7 +137,8 @@ def test_bad_expectation_files_exit_3(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "0.json_values_include.values: List should have at least 1 item" in capsys.readouterr().err
     expect.write_text("- kind: [unclosed\n")
     assert main(args) == 3
-    assert "is neither JSON nor YAML" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"is neither JSON nor YAML: {expect}:2:1: " in err, err  # the file, its line and column
 
 
 @pytest.mark.parametrize(
@@ -413,3 +415,66 @@ def test_a_suite_file_is_read_and_bad_values_are_usage_errors(
 def test_comparison_flags_are_refused_with_a_resource(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["canary", "--resource", "default/x", "--max-tie-gap", "0.5"]) == 3
     assert "--max-tie-gap cannot be given with --resource" in capsys.readouterr().err
+
+
+def test_progress_lines_on_stderr_name_the_pair_the_request_and_the_time(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with FakeCluster.start(2) as cluster:
+        secret_urls = [url.replace("http://", "http://admin:s3cret@") for url in cluster.urls]
+        assert main(["canary", *replica_args(secret_urls), "--block-size", "32", "--eagle", "--json"]) == 0
+        out, err = capsys.readouterr()
+        json.loads(out)  # stdout stays the result alone
+        lines = [line.removeprefix("mooncake-operator canary: ") for line in err.splitlines()]
+        assert re.fullmatch(
+            r"\[ *\d+\.\d s\] run \w+: 2 replica pair\(s\) x 5 request\(s\) = 10 measurement\(s\)", lines[1]
+        )
+        steps = [line for line in lines if re.match(r"\[ *\d+\.\d s\] \d+/10: ", line)]
+        assert len(steps) == 20  # each measurement announced, then its verdict
+        first = f"1/10: http://***@{cluster.urls[0][7:]} writes, http://***@{cluster.urls[1][7:]} reads; "
+        assert steps[0].split("] ", 1)[1] == first + "request 'request' (1/5)"
+        assert steps[1].split("] ", 1)[1] == "1/10: Passed"
+        assert steps[-1].split("] ", 1)[1] == "10/10: Passed"
+        seconds = [float(line[1:].split(" s]")[0]) for line in steps]
+        assert seconds == sorted(seconds)  # elapsed since the run started
+        assert "s3cret" not in err
+        assert main(["canary", *replica_args(cluster.urls), "--pairs", "first", "--quiet"]) == 0
+        assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replica", "http://127.0.0.1:9"], "give at least two --replica URLs"),
+        (["--resource", "default/m", "--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
+    ],
+)
+def test_json_prints_an_error_object_on_a_setup_error(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["canary", *args, "--json"]) == 3
+    out, err = capsys.readouterr()
+    printed = json.loads(out)
+    assert printed["exitCode"] == 3
+    assert printed["error"]["kind"] == "setup"
+    assert message in printed["error"]["message"]
+    assert message in err  # and still said on stderr for a person
+    # Without --json stdout stays empty.
+    assert main(["canary", *args]) == 3
+    assert capsys.readouterr().out == ""
+
+
+def test_json_prints_an_error_object_on_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("a defect")
+
+    monkeypatch.setattr("mooncake_operator.canary.runner.run_canary", broken)
+    args = ["canary", "--replica", "http://127.0.0.1:9", "--replica", "http://127.0.0.1:10", "--json"]
+    assert main(args) == 70
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {
+        "error": {"kind": "internal", "message": "internal error: RuntimeError: a defect"},
+        "exitCode": 70,
+    }

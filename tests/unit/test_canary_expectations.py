@@ -20,7 +20,7 @@ from mooncake_operator.canary.expectations import (
     find_json_object,
     violations,
 )
-from mooncake_operator.canary.request import customer_expectations, customer_request
+from mooncake_operator.canary.request import reference_expectations, reference_request
 
 pytestmark = pytest.mark.unit
 
@@ -64,10 +64,10 @@ PARAPHRASE = "I keep the deployment record and answer only from its latest value
 
 
 def test_customer_request_is_the_seed_body_and_a_fresh_copy_each_call() -> None:
-    assert customer_request() == json.loads(SEED_REQUEST)
-    first = customer_request()
+    assert reference_request() == json.loads(SEED_REQUEST)
+    first = reference_request()
     first["messages"].clear()
-    assert customer_request() == json.loads(SEED_REQUEST)
+    assert reference_request() == json.loads(SEED_REQUEST)
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_customer_request_is_the_seed_body_and_a_fresh_copy_each_call() -> None:
     ],
 )
 def test_customer_expectations_accept_correct_answers_whatever_the_key_names(answer: str) -> None:
-    assert violations(customer_expectations(), answer) == []
+    assert violations(reference_expectations(), answer) == []
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_customer_expectations_accept_correct_answers_whatever_the_key_names(ans
     ids=["us-east mixed in", "old batch size", "field omitted", "paraphrase first", "old count", "no json"],
 )
 def test_customer_expectations_name_each_corruption(answer: str, expected: list[str] | None) -> None:
-    problems = violations(customer_expectations(), answer)
+    problems = violations(reference_expectations(), answer)
     if expected is not None:
         assert problems == expected
     else:
@@ -116,12 +116,12 @@ def test_customer_expectations_name_each_corruption(answer: str, expected: list[
 
 def test_old_replica_count_and_missing_object_are_explained() -> None:
     assert violations(
-        customer_expectations(), '{"region": "us-west", "replica_count": 2, "max_batch_size": 16}'
+        reference_expectations(), '{"region": "us-west", "replica_count": 2, "max_batch_size": 16}'
     ) == [
         "the JSON object holds no value 4",
         "the JSON object holds the excluded value 2",
     ]
-    assert violations(customer_expectations(), "The region is us-west.") == [
+    assert violations(reference_expectations(), "The region is us-west.") == [
         "no JSON object in the answer 'The region is us-west.'",
         'no JSON object to find "us-west", 4, 16 in',
     ]
@@ -209,7 +209,7 @@ def test_bad_expectations_are_refused(document: object) -> None:
 
 
 def test_expectations_describe_themselves() -> None:
-    assert [check.describe() for check in customer_expectations()] == [
+    assert [check.describe() for check in reference_expectations()] == [
         "the answer is one JSON object with nothing before or after it",
         'the JSON object\'s values include "us-west", 4, 16',
         'the JSON object\'s values include none of "us-east", 2, 8',
@@ -226,7 +226,9 @@ def test_a_repeated_key_is_a_violation_and_its_shadowed_value_is_seen() -> None:
         'the JSON object repeats the key \'region\' ("us-east", "us-west"): a superseded value may hide '
         "behind the last one"
     ]
-    assert 'the JSON object holds the excluded value "us-east"' in violations(customer_expectations(), answer)
+    assert 'the JSON object holds the excluded value "us-east"' in violations(
+        reference_expectations(), answer
+    )
 
 
 def test_a_repeated_key_anywhere_inside_is_a_violation_once_per_key() -> None:
@@ -257,9 +259,9 @@ def test_checks_judge_the_answer_after_the_reasoning(
     from mooncake_operator.canary.expectations import answer_text
 
     assert answer_text(content, reasoning) == judged
-    assert violations(customer_expectations(), answer_text(content, reasoning)) == []
+    assert violations(reference_expectations(), answer_text(content, reasoning)) == []
     if reasoning is None and "</think>" in content:
-        assert violations(customer_expectations(), content)  # the whole content would fail
+        assert violations(reference_expectations(), content)  # the whole content would fail
 
 
 def test_a_reasoning_answer_that_stopped_after_its_reasoning_has_no_answer() -> None:
@@ -274,5 +276,5 @@ def test_a_reasoning_answer_that_stopped_after_its_reasoning_has_no_answer() -> 
 def test_the_value_agnostic_checks_are_the_json_shape() -> None:
     from mooncake_operator.canary.expectations import value_agnostic
 
-    assert value_agnostic(customer_expectations()) == [JsonObjectOnly()]
+    assert value_agnostic(reference_expectations()) == [JsonObjectOnly()]
     assert value_agnostic([Contains(text="x"), JsonValuesInclude(values=[1])]) == []

@@ -19,7 +19,7 @@ from tests.support.hostile_http import blackhole, endless, gzip_bomb, raw_server
 from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
 from mooncake_operator.canary.metrics import EXTERNAL_HITS
 from mooncake_operator.canary.models import CanaryConfig, CanaryResult, ErrorKind, ExitCode, Verdict
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.canary.runner import run_canary
 
 pytestmark = pytest.mark.unit
@@ -73,7 +73,7 @@ async def test_a_gzip_bomb_counts_decoded_bytes_against_the_cap_with_bounded_mem
                 with pytest.raises(CounterScrapeError) as raised:
                     await scrape_counters(client, url, timeout=10, max_body_bytes=MIB)
                 answer = await chat(
-                    client, url, customer_request(), cache_salt="s", timeout=10, max_body_bytes=MIB
+                    client, url, reference_request(), cache_salt="s", timeout=10, max_body_bytes=MIB
                 )
                 _, peak = tracemalloc.get_traced_memory()
             finally:
@@ -92,7 +92,7 @@ async def test_a_declared_content_length_over_the_cap_is_refused_unread() -> Non
     with raw_server(huge) as url:
         async with httpx.AsyncClient(trust_env=False) as client:
             answer = await chat(
-                client, url, customer_request(), cache_salt=None, timeout=5, max_body_bytes=MIB
+                client, url, reference_request(), cache_salt=None, timeout=5, max_body_bytes=MIB
             )
     assert answer.error_kind is ErrorKind.TOO_LARGE
     assert answer.latency_s < 2
@@ -223,7 +223,7 @@ async def test_an_answer_naming_another_model_fails_the_pair() -> None:
         result = await canary(cluster.urls, pairs="first")
     assert result.verdict is Verdict.FAILED
     assert "some/other-model" in result.reason
-    assert customer_request()["model"] in result.reason
+    assert reference_request()["model"] in result.reason
 
 
 async def test_an_answer_with_a_lone_surrogate_is_malformed_not_a_crash() -> None:

@@ -13,10 +13,10 @@ import pytest
 from tests.support.hostile_http import raw_server, response_head
 
 from mooncake_operator.api import spec as api
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.canary import policy as canary_policy
 from mooncake_operator.canary.client import chat
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.cli.main import build_parser
 from mooncake_operator.cli.run import settings_from
 from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
@@ -28,7 +28,7 @@ URLS = ["http://a:8000", "http://b:8000"]
 
 
 def _spec(**canary: object) -> api.MooncakeServingSpec:
-    wire = customer_deployment().spec.to_wire()
+    wire = reference_deployment().spec.to_wire()
     wire["canary"] = {**wire["canary"], **canary}
     return api.MooncakeServingSpec.model_validate(wire)
 
@@ -68,7 +68,7 @@ def test_ceilings_are_run_flags_and_validated() -> None:
 
 def _chat_body(content: str) -> bytes:
     choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
-    payload = {"model": customer_request()["model"], "choices": [choice], "usage": {"prompt_tokens": 1}}
+    payload = {"model": reference_request()["model"], "choices": [choice], "usage": {"prompt_tokens": 1}}
     return json.dumps(payload).encode()
 
 
@@ -85,7 +85,7 @@ async def test_one_answer_is_held_about_once_while_read_and_parsed() -> None:
             tracemalloc.start()
             try:
                 answer = await chat(
-                    client, url, customer_request(), cache_salt=None, timeout=60, max_body_bytes=8 * MIB
+                    client, url, reference_request(), cache_salt=None, timeout=60, max_body_bytes=8 * MIB
                 )
                 held, peak = tracemalloc.get_traced_memory()
             finally:

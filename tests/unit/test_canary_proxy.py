@@ -20,7 +20,7 @@ import httpx
 import pytest
 from tests.support.fake_vllm import FakeCluster
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.canary.models import CanaryConfig, CanaryResult, Verdict
 from mooncake_operator.cli.canary_proxy import pod_proxy_url
 from mooncake_operator.cli.main import main
@@ -65,7 +65,7 @@ class FakeApiServer:
 
 
 def serving(port: int = 8080) -> dict[str, Any]:
-    obj = customer_deployment().to_wire()
+    obj = reference_deployment().to_wire()
     obj["metadata"] = {"name": "chat", "namespace": "serving-a", "uid": "uid-chat"}
     obj["spec"]["replicas"] = 2
     obj["spec"]["engine"]["port"] = port
@@ -74,7 +74,7 @@ def serving(port: int = 8080) -> dict[str, Any]:
 
 @pytest.fixture
 def api_server() -> Iterator[tuple[FakeApiServer, FakeCluster]]:
-    with FakeCluster.start(2, block_size=customer_deployment().spec.engine.block_size) as cluster:
+    with FakeCluster.start(2, block_size=reference_deployment().spec.engine.block_size) as cluster:
         state = FakeApiServer(replicas=cluster.urls)
 
         class Handler(BaseHTTPRequestHandler):
@@ -241,7 +241,7 @@ def test_inside_the_cluster_the_canary_dials_the_proven_pods_ips(
     state.pods = [replica_pods(set_uid="uid-someone-elses")[0], *replica_pods()]
     runs: list[list[str]] = []
 
-    async def recorded(config: CanaryConfig, client: object = None) -> CanaryResult:
+    async def recorded(config: CanaryConfig, client: object = None, progress: object = None) -> CanaryResult:
         runs.append(list(config.replicas))
         return CanaryResult(
             run_id="r",

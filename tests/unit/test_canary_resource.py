@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from mooncake_operator.api import resource as api
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.build import names as render
 from mooncake_operator.canary import policy as canary_policy
 from mooncake_operator.canary.models import CanaryResult, ExitCode, PairResult, Verdict
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.unit
 
 
 def serving(name: str = "chat", namespace: str = "serving-a", **status: Any) -> dict[str, Any]:
-    obj = customer_deployment().to_wire()
+    obj = reference_deployment().to_wire()
     obj["metadata"] = {"name": name, "namespace": namespace}
     obj["spec"]["replicas"] = 3
     obj["spec"]["engine"]["port"] = 8080
@@ -145,8 +145,8 @@ def test_proving_a_resource_needs_neither_the_reconcile_package_nor_kopf() -> No
         "import sys\n"
         "from mooncake_operator.api import resource as api\n"
         "from mooncake_operator.cli.canary_resource import effective_result, resource_canary\n"
-        "from mooncake_operator.api.examples import customer_deployment\n"
-        "obj = customer_deployment().to_wire()\n"
+        "from mooncake_operator.api.examples import reference_deployment\n"
+        "obj = reference_deployment().to_wire()\n"
         "obj['metadata'] = {'name': 'chat', 'namespace': 'ns'}\n"
         "resource_canary(api.parse_resource(obj))\n"
         "loaded = [m for m in sys.modules if m == 'kopf' or m.startswith('mooncake_operator.reconcile')]\n"

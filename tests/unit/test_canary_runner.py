@@ -25,7 +25,7 @@ from mooncake_operator.canary.models import (
     StoreCounters,
     Verdict,
 )
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.canary.runner import PairMeasurement, judge_pair, plan_pairs, run_canary
 
 pytestmark = pytest.mark.unit
@@ -380,7 +380,10 @@ async def test_modes_change_while_replicas_run() -> None:
 
 
 async def test_content_checks_off_still_demands_equal_answers_and_the_hit() -> None:
-    request = {**customer_request(), "messages": [{"role": "user", "content": "Say something stable. " * 20}]}
+    request = {
+        **reference_request(),
+        "messages": [{"role": "user", "content": "Say something stable. " * 20}],
+    }
     with FakeCluster.start(2) as cluster:
         checked = await canary(cluster, request=request)
         unchecked = await canary(cluster, request=request, expectations=[])
@@ -469,8 +472,8 @@ def test_backoff_is_bounded_and_grows() -> None:
         ({"replicas": ["http://a:1"]}, "at least 2"),
         ({"replicas": ["http://a:1", "http://a:1/"]}, "repeated: http://a:1"),
         ({"replicas": ["http://a:1", "a:1"]}, "must look like http://HOST:PORT"),
-        ({"request": {**customer_request(), "stream": True}}, "must not stream"),
-        ({"request": {**customer_request(), "cache_salt": "x"}}, "must not set 'cache_salt'"),
+        ({"request": {**reference_request(), "stream": True}}, "must not stream"),
+        ({"request": {**reference_request(), "cache_salt": "x"}}, "must not set 'cache_salt'"),
         ({"request": {"model": "m"}}, "non-empty 'messages'"),
         ({"eagle": True}, "eagle needs block_size"),
         ({"block_size": 16, "expected_external_hit_tokens": 128}, "not both"),

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.canary import policy as canary_policy
 from mooncake_operator.reconcile.act.slots import CanarySlots
 from mooncake_operator.runtime.settings import OperatorSettings, SettingsError
@@ -53,9 +53,9 @@ async def test_a_run_past_its_deadline_is_ended_and_frees_its_slot() -> None:
 
 
 def test_the_request_timeout_is_lowered_to_the_operators_ceiling() -> None:
-    wire = customer_deployment().spec.to_wire()
+    wire = reference_deployment().spec.to_wire()
     wire["canary"] = {**wire["canary"], "timeoutSeconds": 10**9}
-    spec = type(customer_deployment().spec).model_validate(wire)
+    spec = type(reference_deployment().spec).model_validate(wire)
     config, notes = OperatorSettings().limit_canary(
         canary_policy.canary_config(spec, ["http://a:8000", "http://b:8000"])
     )

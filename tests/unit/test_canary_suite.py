@@ -18,12 +18,12 @@ from mooncake_operator.canary.request import (
     TokenCount,
     boundary_targets,
     build_suite,
-    customer_expectations,
-    customer_request,
     default_suite,
     pad_to_length,
     padded_request,
     parse_token_count,
+    reference_expectations,
+    reference_request,
     suite_cost,
     vllm_token_counter,
 )
@@ -97,7 +97,7 @@ def test_targets_refuse_nonsense() -> None:
 
 
 def test_padding_goes_in_its_own_exchange_before_the_last_message() -> None:
-    base = customer_request()
+    base = reference_request()
     padded = padded_request(base, " record entry", max_tokens=7)
 
     assert padded["messages"][:-3] == base["messages"][:-1]
@@ -105,16 +105,16 @@ def test_padding_goes_in_its_own_exchange_before_the_last_message() -> None:
     assert padded["messages"][-2]["role"] == "assistant"
     assert padded["messages"][-1] == base["messages"][-1]
     assert padded["max_tokens"] == 7
-    assert base == customer_request(), "the base request is not changed"
+    assert base == reference_request(), "the base request is not changed"
 
 
 @pytest.mark.parametrize("above", [0, 1, 2, 31, 32, 33, 300])
 async def test_pad_to_length_is_exact(above: int) -> None:
     tokenizer = ToyTokenizer()
-    target = tokenizer.tokens(padded_request(customer_request(), "")) + above
-    filler, counts = await pad_to_length(customer_request(), target, tokenizer)
+    target = tokenizer.tokens(padded_request(reference_request(), "")) + above
+    filler, counts = await pad_to_length(reference_request(), target, tokenizer)
 
-    assert tokenizer.tokens(padded_request(customer_request(), filler)) == target
+    assert tokenizer.tokens(padded_request(reference_request(), filler)) == target
     assert counts == tokenizer.calls < 40
 
 
@@ -124,10 +124,10 @@ async def test_pad_to_length_closes_a_gap_words_cannot_with_single_token_units()
         return 1 if len(word) == 1 and word.isalpha() else 3
 
     tokenizer = ToyTokenizer(per_word=per_word)
-    empty = tokenizer.tokens(padded_request(customer_request(), ""))
+    empty = tokenizer.tokens(padded_request(reference_request(), ""))
     for target in (empty + 50, empty + 51, empty + 52):
-        filler, _ = await pad_to_length(customer_request(), target, tokenizer)
-        assert tokenizer.tokens(padded_request(customer_request(), filler)) == target
+        filler, _ = await pad_to_length(reference_request(), target, tokenizer)
+        assert tokenizer.tokens(padded_request(reference_request(), filler)) == target
 
 
 async def test_pad_to_length_tries_other_units_when_one_costs_two_tokens() -> None:
@@ -135,29 +135,29 @@ async def test_pad_to_length_tries_other_units_when_one_costs_two_tokens() -> No
         return {"a": 2, "I": 2}.get(word, 1 if len(word) == 1 else 2)
 
     tokenizer = ToyTokenizer(per_word=per_word)
-    target = tokenizer.tokens(padded_request(customer_request(), "")) + 51
-    filler, _ = await pad_to_length(customer_request(), target, tokenizer)
-    assert tokenizer.tokens(padded_request(customer_request(), filler)) == target
+    target = tokenizer.tokens(padded_request(reference_request(), "")) + 51
+    filler, _ = await pad_to_length(reference_request(), target, tokenizer)
+    assert tokenizer.tokens(padded_request(reference_request(), filler)) == target
     assert filler.endswith(" x"), "the first unit that costs one token is used"
 
 
 async def test_pad_to_length_says_when_no_exact_length_exists() -> None:
     # Two tokens for anything: odd lengths cannot be reached.
     tokenizer = ToyTokenizer(per_word=lambda word: 2)
-    base_even = tokenizer.tokens(padded_request(customer_request(), ""))
+    base_even = tokenizer.tokens(padded_request(reference_request(), ""))
     with pytest.raises(SuiteError, match="could not pad the prompt to exactly"):
-        await pad_to_length(customer_request(), base_even + 41, tokenizer)
+        await pad_to_length(reference_request(), base_even + 41, tokenizer)
 
 
 async def test_pad_to_length_refuses_a_target_below_the_base() -> None:
     with pytest.raises(SuiteError, match="more than the target"):
-        await pad_to_length(customer_request(), 10, ToyTokenizer())
+        await pad_to_length(reference_request(), 10, ToyTokenizer())
 
 
 async def test_pad_to_length_refuses_a_tokenizer_that_counts_no_padding() -> None:
     tokenizer = ToyTokenizer(per_word=lambda word: 0)
     with pytest.raises(SuiteError, match="add no tokens"):
-        await pad_to_length(customer_request(), 500, tokenizer)
+        await pad_to_length(reference_request(), 500, tokenizer)
 
 
 # --- the suite --------------------------------------------------------------------------------------
@@ -168,39 +168,41 @@ async def test_default_suite_is_the_customer_request_and_four_exact_boundary_req
     block_size: int,
 ) -> None:
     tokenizer = ToyTokenizer()
-    expectations = customer_expectations()
-    suite = await build_suite(customer_request(), tokenizer, block_size=block_size, expectations=expectations)
+    expectations = reference_expectations()
+    suite = await build_suite(
+        reference_request(), tokenizer, block_size=block_size, expectations=expectations
+    )
 
     assert [item.name for item in suite] == [
-        "customer",
+        "reference",
         "block-end",
         "block-plus-one",
         "block-minus-one",
         "many-blocks",
     ]
     customer = suite[0]
-    assert customer.request == customer_request() and customer.expectations == expectations
-    assert customer.prompt_tokens == tokenizer.tokens(customer_request())
+    assert customer.request == reference_request() and customer.expectations == expectations
+    assert customer.prompt_tokens == tokenizer.tokens(reference_request())
     boundary = suite[1].prompt_tokens
     assert boundary is not None and boundary % block_size == 0
     for item in suite[1:]:
         assert tokenizer.tokens(item.request) == item.prompt_tokens, item.name
         assert item.expectations is None, "padded requests are judged warm against cold only"
         assert item.request["max_tokens"] == SUITE_MAX_TOKENS
-        assert item.request["model"] == customer_request()["model"]
+        assert item.request["model"] == reference_request()["model"]
         assert item.request["temperature"] == 0 and item.request["seed"] == 0
     assert [item.prompt_tokens for item in suite[2:4]] == [boundary + 1, boundary - 1]
 
 
 async def test_suite_keeps_a_shorter_answer_limit_of_the_base_request() -> None:
-    base = {**customer_request(), "max_tokens": 5}
+    base = {**reference_request(), "max_tokens": 5}
     suite = await build_suite(base, ToyTokenizer(), block_size=16)
     assert {item.request["max_tokens"] for item in suite} == {5}
 
 
 async def test_suite_refuses_prompts_the_served_model_cannot_hold() -> None:
     with pytest.raises(SuiteError, match="max_model_len 250"):
-        await build_suite(customer_request(), ToyTokenizer(max_model_len=250), block_size=16)
+        await build_suite(reference_request(), ToyTokenizer(max_model_len=250), block_size=16)
 
 
 async def test_suite_refuses_a_request_without_messages() -> None:
@@ -209,7 +211,7 @@ async def test_suite_refuses_a_request_without_messages() -> None:
 
 
 async def test_suite_cost_counts_cold_and_warm_of_every_request() -> None:
-    suite = await build_suite(customer_request(), ToyTokenizer(), block_size=16)
+    suite = await build_suite(reference_request(), ToyTokenizer(), block_size=16)
     cost = suite_cost(suite)
 
     prompts = sum(item.prompt_tokens or 0 for item in suite)
@@ -241,7 +243,7 @@ def tokenize_server(
 
 async def test_default_suite_counts_with_the_replicas_tokenize_endpoint() -> None:
     seen: list[dict[str, Any]] = []
-    base = {**customer_request(), "chat_template_kwargs": {"enable_thinking": False}}
+    base = {**reference_request(), "chat_template_kwargs": {"enable_thinking": False}}
     async with tokenize_server(seen) as client:
         suite = await default_suite(client, "http://replica:8000/", base, block_size=16)
 
@@ -267,7 +269,7 @@ async def test_a_bad_tokenize_answer_is_a_clear_error(status: int, body: bytes, 
     async with tokenize_server([], status=status, body=body) as client:
         counter = vllm_token_counter(client, "http://replica:8000")
         with pytest.raises(SuiteError, match=message):
-            await counter(customer_request())
+            await counter(reference_request())
 
 
 async def test_an_unreachable_replica_is_a_clear_error() -> None:
@@ -276,7 +278,7 @@ async def test_an_unreachable_replica_is_a_clear_error() -> None:
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
         with pytest.raises(SuiteError, match="ConnectError"):
-            await vllm_token_counter(client, "http://replica:8000")(customer_request())
+            await vllm_token_counter(client, "http://replica:8000")(reference_request())
 
 
 def test_parse_token_count_ignores_a_nonsense_max_model_len() -> None:

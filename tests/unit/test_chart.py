@@ -34,7 +34,7 @@ from tests.support.chart import (
 )
 
 from mooncake_operator.api.crd import CRD_FILENAME, chart_template
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.cli.canary import UsageError, refuse_what_flags, with_how_flags
 from mooncake_operator.cli.canary_resource import resource_canary
 from mooncake_operator.cli.main import build_parser
@@ -615,7 +615,7 @@ def test_helm_test_arguments_are_a_valid_canary_run(rendered: dict[str, list[Man
     parsed: argparse.Namespace = build_parser().parse_args(canary_args(canary_pod(rendered["non-default"])))
     assert (parsed.json, parsed.resource) == (True, "serving-a/minimax-m25")
     refuse_what_flags(parsed)
-    resource = customer_deployment()
+    resource = reference_deployment()
     planned = resource_canary(resource)
     config = with_how_flags(planned.config, parsed)
     assert (config.request_timeout_s, config.connect_retries) == (600, 5)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from mooncake_operator import exit_codes
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.canary.models import ExitCode
 from mooncake_operator.cli.main import COMMANDS, build_parser, main
 
@@ -87,7 +87,7 @@ def test_help_and_the_light_commands_import_only_what_they_need() -> None:
 def test_render_namespace_sets_it_and_refuses_another(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    document = customer_deployment().to_wire()
+    document = reference_deployment().to_wire()
     document["metadata"] = {"name": "chat"}
     path = tmp_path / "mcs.yaml"
     path.write_text(yaml.safe_dump(document))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mooncake_operator.api.crd import CRD_FILENAME, crd_yaml, custom_resource_definition, openapi_schema
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.quantities import STORE_SIZE_PATTERN, parse_store_size
 from mooncake_operator.api.resource import InvalidResourceError, parse_resource
 from mooncake_operator.api.status import (
@@ -104,6 +104,9 @@ def test_names_versions_subresources_and_columns() -> None:
     }
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns == {
+        "Model": ".spec.model.name",
+        "Ready-Replicas": ".status.replicas.ready",
+        "Desired": ".status.replicas.desired",
         "Phase": ".status.phase",
         "Canary": ".status.canary.verdict",
         "ExtHit": ".status.canary.externalHitTokens",
@@ -112,6 +115,20 @@ def test_names_versions_subresources_and_columns() -> None:
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Age": ".metadata.creationTimestamp",
     }
+
+
+def test_every_printer_column_reads_a_field_of_the_models_with_its_type() -> None:
+    """A column whose jsonPath names no field (a rename in the models) would print empty forever."""
+    (version,) = custom_resource_definition()["spec"]["versions"]
+    fields = dict(walk(version["schema"]["openAPIV3Schema"]))
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"]
+        if path.startswith(".metadata."):
+            continue
+        plain = path.split("[?", 1)[0]  # a filtered list: the list itself must exist
+        assert plain in fields, f"{column['name']}: {path} is not a field of the CRD's schema"
+        if "[?" not in path:
+            assert fields[plain].get("type") == column["type"], column
 
 
 def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
@@ -189,7 +206,7 @@ def validator() -> jsonschema.Draft4Validator:
 
 
 def test_the_example_and_its_wire_form_validate_against_the_schema() -> None:
-    example = yaml.safe_load(customer_deployment_yaml())
+    example = yaml.safe_load(reference_deployment_yaml())
     validator().validate(example)
     validator().validate(parse_resource(example).to_wire())
 
@@ -207,7 +224,7 @@ def test_the_example_and_its_wire_form_validate_against_the_schema() -> None:
     ],
 )
 def test_the_schema_rejects_what_the_models_reject_field_by_field(path: str, value: Any) -> None:
-    obj = copy.deepcopy(yaml.safe_load(customer_deployment_yaml()))
+    obj = copy.deepcopy(yaml.safe_load(reference_deployment_yaml()))
     *parents, leaf = path.split(".")
     node = obj["spec"]
     for part in parents:
@@ -238,7 +255,7 @@ def test_status_written_by_the_operator_validates() -> None:
             pairs=[PairEvidence(writer="a", reader="b", verdict="Passed", external_hit_tokens=128)],
         ),
     )
-    obj = yaml.safe_load(customer_deployment_yaml())
+    obj = yaml.safe_load(reference_deployment_yaml())
     obj["status"] = status.to_wire()
     validator().validate(obj)
 

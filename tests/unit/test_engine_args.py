@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.unit.customer_seed import CUSTOMER_ARGV, CUSTOMER_ENV, CUSTOMER_STORE_JSON
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.engine_args import (
     SandboxSubstitutions,
@@ -35,7 +35,7 @@ EVIDENCE_WITH_EAGLE = ("--enable-prompt-tokens-details", "--per-request-spec-dec
 
 def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
     """The customer's deployment; without the store isolation (default on) it is their command verbatim."""
-    base = customer_deployment().spec
+    base = reference_deployment().spec
     store = base.store.model_copy(update={"isolate_revisions": isolate_revisions})
     return base.model_copy(update={"store": store})
 
@@ -67,7 +67,7 @@ def test_without_a_draft_there_is_no_spec_decode_evidence_flag() -> None:
 
 
 def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> None:
-    assert customer_deployment().spec.store.isolate_revisions
+    assert reference_deployment().spec.store.isolate_revisions
     isolated = spec(isolate_revisions=True)
     argv = replica_launch(isolated, master_address="m:1").argv
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
@@ -106,8 +106,8 @@ def test_the_load_failure_policy_is_a_top_level_kv_transfer_field(policy: str) -
 
 
 def test_the_load_failure_policy_defaults_to_vllms_fail_and_refuses_others() -> None:
-    assert customer_deployment().spec.store.load_failure_policy == "fail"
-    document = customer_deployment().spec.to_wire()
+    assert reference_deployment().spec.store.load_failure_policy == "fail"
+    document = reference_deployment().spec.to_wire()
     document["store"]["loadFailurePolicy"] = "ignore"
     with pytest.raises(ValueError, match="loadFailurePolicy"):
         MooncakeServingSpec.model_validate(document)
@@ -280,7 +280,7 @@ def test_master_argv_passes_the_store_timeouts_only_when_set() -> None:
 
 def _changed(path: str, value: object) -> MooncakeServingSpec:
     """The customer's spec with one (camelCase, dotted) field changed, validated like the API does."""
-    document = customer_deployment().spec.to_wire()
+    document = reference_deployment().spec.to_wire()
     *parents, leaf = path.split(".")
     node = document
     for key in parents:
@@ -313,11 +313,11 @@ KV_CHANGES = {
 @pytest.mark.parametrize("change", sorted(KV_CHANGES))
 def test_each_kv_shaping_input_changes_the_fingerprint(change: str) -> None:
     path, value = KV_CHANGES[change]
-    assert kv_fingerprint(_changed(path, value)) != kv_fingerprint(customer_deployment().spec)
+    assert kv_fingerprint(_changed(path, value)) != kv_fingerprint(reference_deployment().spec)
 
 
 def test_dropping_the_draft_changes_the_fingerprint() -> None:
-    base = customer_deployment().spec
+    base = reference_deployment().spec
     assert kv_fingerprint(base.model_copy(update={"speculative": None})) != kv_fingerprint(base)
 
 
@@ -336,13 +336,13 @@ IRRELEVANT = {
 @pytest.mark.parametrize("change", sorted(IRRELEVANT))
 def test_inputs_that_keep_blocks_compatible_keep_the_fingerprint(change: str) -> None:
     path, value = IRRELEVANT[change]
-    assert kv_fingerprint(_changed(path, value)) == kv_fingerprint(customer_deployment().spec)
+    assert kv_fingerprint(_changed(path, value)) == kv_fingerprint(reference_deployment().spec)
 
 
 def test_the_fingerprint_is_stable_and_a_valid_key_prefix() -> None:
     # Stable across processes and releases: a changed value would orphan every warm store on upgrade.
-    value = kv_fingerprint(customer_deployment().spec)
-    assert value == kv_fingerprint(customer_deployment().spec)
+    value = kv_fingerprint(reference_deployment().spec)
+    assert value == kv_fingerprint(reference_deployment().spec)
     assert value.startswith("kv-") and len(value) == 19 and "@" not in value
 
 

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.kube_types import GPU_RESOURCE
 from mooncake_operator.api.replica_pod import HF_HOME_PATH, RESERVED_MOUNT_PATHS, RESERVED_VOLUMES
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
@@ -37,7 +37,7 @@ OWNER_UID = "5b0c1d7e-0000-4000-8000-000000000024"
 
 
 def example(**spec_changes: Any) -> dict[str, Any]:
-    obj: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    obj: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     for path, value in spec_changes.items():
         node = obj["spec"]
         *parents, last = path.split("__")
@@ -435,7 +435,7 @@ def test_production_example_keeps_weights_on_a_claim_per_replica() -> None:
     resource = parse_resource(example())
     assert resource.spec.model.cache.volume_claim_template is not None
     requests = engine(resource)["resources"]["requests"]
-    assert EPHEMERAL_STORAGE not in requests
+    assert requests[EPHEMERAL_STORAGE] == "10Gi"  # the /tmp scratch alone: the weights are on the claim
     claims = stateful_set(resource)["spec"]["volumeClaimTemplates"]
     assert claims[0]["spec"]["resources"]["requests"]["storage"] == "600Gi"
 

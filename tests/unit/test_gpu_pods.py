@@ -14,7 +14,7 @@ import yaml
 from tests.support.fake_api import runtime_answering
 
 from mooncake_operator.api.engine_flags import managed_flag_of
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.group import OPERATOR_KEY_PREFIX, OPERATOR_LABEL_KEYS, replica_pod_labels
 from mooncake_operator.api.kube_types import LabelSelector
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
@@ -43,7 +43,7 @@ RDMA_EXAMPLE = REPO / "examples" / "minimax-m2.5-eagle3-rdma.yaml"
 
 
 def example() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    loaded: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     return loaded
 
 
@@ -365,10 +365,12 @@ def test_an_ephemeral_cache_is_requested_as_ephemeral_storage() -> None:
         {"requests": {"ephemeral-storage": "20Gi"}, "limits": {"ephemeral-storage": "50Gi"}},
     )
     resources = engine(parse_resource(obj))["resources"]
-    assert resources["requests"]["ephemeral-storage"] == "620Gi"  # the engine's own + the 600Gi cache
-    assert resources["limits"]["ephemeral-storage"] == "650Gi"
+    # The engine's own + the 600Gi cache + the 10Gi /tmp scratch.
+    assert resources["requests"]["ephemeral-storage"] == "630Gi"
+    assert resources["limits"]["ephemeral-storage"] == "660Gi"
     claim = changed(example(), "spec.model.cache", {"existingClaim": "shared"})
-    assert "ephemeral-storage" not in engine(parse_resource(claim))["resources"]["requests"]
+    # A claim holds the weights: only the scratch is on the node's disk.
+    assert engine(parse_resource(claim))["resources"]["requests"]["ephemeral-storage"] == "10Gi"
 
 
 def test_a_claim_per_replica_replaces_the_cache_volume() -> None:
@@ -396,7 +398,7 @@ def test_a_claim_per_replica_replaces_the_cache_volume() -> None:
     volumes = [v["name"] for v in stateful_set["spec"]["template"]["spec"]["volumes"]]
     assert "hf-cache" not in volumes
     assert {"name": "hf-cache", "mountPath": HF_HOME} in engine(resource)["volumeMounts"]
-    assert "ephemeral-storage" not in engine(resource)["resources"]["requests"]
+    assert engine(resource)["resources"]["requests"]["ephemeral-storage"] == "10Gi"  # the scratch alone
 
 
 def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tests.support.manifests import with_change
 
-from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment, reference_deployment_yaml
 from mooncake_operator.api.resource import InvalidResourceError, MooncakeServing, parse_resource
 from mooncake_operator.api.status import CanaryStatus, HighAvailabilityStatus, MooncakeServingStatus
 from mooncake_operator.build.engine_args import HaTopology, master_argv, replica_launch
@@ -51,7 +51,7 @@ STANDBY_HEALTH = {**LEADER_HEALTH, "role": "standby", "ha_state": "standby", "se
 
 
 def resource_with(ha: dict[str, Any] | None) -> MooncakeServing:
-    obj = yaml.safe_load(customer_deployment_yaml())
+    obj = yaml.safe_load(reference_deployment_yaml())
     return parse_resource(with_change(obj, HA, ha))
 
 
@@ -65,7 +65,7 @@ def problems(ha: dict[str, Any]) -> list[str]:
 
 
 def test_off_by_default_and_defaults_when_on() -> None:
-    assert not customer_deployment().spec.store.master.high_availability.enabled
+    assert not reference_deployment().spec.store.master.high_availability.enabled
     ha = resource_with({"enabled": True}).spec.store.master.high_availability
     assert (ha.replicas, ha.enable_oplog) == (3, True)
     managed = ha.etcd.managed_or_default()
@@ -92,7 +92,7 @@ def test_invalid_settings_are_rejected_with_the_field(ha: dict[str, Any], messag
 
 
 def test_the_cluster_id_env_is_managed() -> None:
-    obj = yaml.safe_load(customer_deployment_yaml())
+    obj = yaml.safe_load(reference_deployment_yaml())
     obj = with_change(obj, "spec.engine.extraEnv", [{"name": "MC_STORE_CLUSTER_ID", "value": "x"}])
     with pytest.raises(InvalidResourceError, match="MC_STORE_CLUSTER_ID"):
         parse_resource(obj)
@@ -108,7 +108,7 @@ def test_topology_gives_the_client_address_and_the_master_flags() -> None:
     tls = HaTopology(etcd_endpoints=("a:2379",), cluster_id="c", tls=True, enable_oplog=False)
     assert tls.master_server_address == "etcd://https://a:2379"
     assert tls.client_env()["SSL_CERT_DIR"] == "/etc/ssl/certs:/etc/mooncake/etcd-ca"
-    argv = master_argv(customer_deployment().spec, rpc_address="10.0.0.5", ha=tls)
+    argv = master_argv(reference_deployment().spec, rpc_address="10.0.0.5", ha=tls)
     assert argv[-5:] == (
         "-enable_ha=true",
         "-ha_backend_type=etcd",
@@ -122,8 +122,8 @@ def test_topology_gives_the_client_address_and_the_master_flags() -> None:
 def test_replica_launch_refuses_an_address_that_bypasses_the_election() -> None:
     topology = HaTopology(etcd_endpoints=("a:2379",), cluster_id="c")
     with pytest.raises(ValueError, match="etcd://a:2379"):
-        replica_launch(customer_deployment().spec, master_address="master:50051", ha=topology)
-    launch = replica_launch(customer_deployment().spec, master_address="etcd://a:2379", ha=topology)
+        replica_launch(reference_deployment().spec, master_address="master:50051", ha=topology)
+    launch = replica_launch(reference_deployment().spec, master_address="etcd://a:2379", ha=topology)
     assert launch.env["MC_STORE_CLUSTER_ID"] == "c"
     assert launch.store_config["master_server_address"] == "etcd://a:2379"
 
@@ -226,7 +226,7 @@ def test_external_tls_etcd_mounts_the_ca_for_masters_and_replicas() -> None:
 
 
 def test_switching_modes_retires_the_other_modes_workloads() -> None:
-    single = [(ref.kind, ref.name) for ref in retired_workloads(customer_deployment())]
+    single = [(ref.kind, ref.name) for ref in retired_workloads(reference_deployment())]
     assert single == [("StatefulSet", "minimax-m25-master"), ("StatefulSet", "minimax-m25-etcd")]
     ha = [(ref.kind, ref.name) for ref in retired_workloads(resource_with({"enabled": True}))]
     assert ha == [("Deployment", "minimax-m25-master")]
@@ -444,7 +444,7 @@ def test_the_masters_network_policy_lets_the_operator_ask_who_leads() -> None:
         policy = network_policies(resource, owner_uid=None)[0]
         return [rule for rule in policy["spec"]["ingress"] if rule["ports"][0]["port"] == 9003]
 
-    assert metrics_rules(customer_deployment()) == []  # the operator never asks a single master
+    assert metrics_rules(reference_deployment()) == []  # the operator never asks a single master
     (rule,) = metrics_rules(resource_with({"enabled": True}))
     assert rule["from"] == [
         {

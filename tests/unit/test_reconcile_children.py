@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.build.manifests import render_all
 from mooncake_operator.reconcile.act.children import (
     APPLIED_HASH_ANNOTATION,
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.unit
 
 
 def rendered() -> list[dict[str, Any]]:
-    resource = customer_deployment()
+    resource = reference_deployment()
     return [with_applied_hash(m) for m in render_all(resource, owner_uid="uid-1")]
 
 

@@ -12,7 +12,7 @@ import pytest
 from tests.support import fake_api
 from tests.support.fake_api import InMemoryApi
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.group import API_VERSION, KIND
 from mooncake_operator.api.resource import MooncakeServing, parse_resource
 from mooncake_operator.api.status import MooncakeServingStatus
@@ -288,7 +288,7 @@ async def test_a_failed_status_write_never_puts_a_held_replica_back_in_traffic(
 
 
 def _demo_resource() -> dict[str, Any]:
-    resource = customer_deployment().to_wire()
+    resource = reference_deployment().to_wire()
     resource["metadata"] = {"name": "demo", "namespace": "ns", "uid": "u-1", "generation": 1}
     return resource
 
@@ -435,7 +435,7 @@ async def test_a_pass_over_a_benign_divergence_posts_an_event(closing: list[Runt
     with FakeCluster.start(2, block_size=16) as cluster:
         cluster[0].payload_filter = tie(".", "!")
         cluster[1].payload_filter = tie("!", ".")
-        wire = customer_deployment().to_wire()
+        wire = reference_deployment().to_wire()
         wire["metadata"].update(name="x", namespace="ns", uid="u1")
         wire["spec"]["canary"] = {
             "pairs": "first",

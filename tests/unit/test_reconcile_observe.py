@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.build.names import TRAFFIC_LABEL, replica_pod_names
 from mooncake_operator.reconcile.decide.observe import in_set, master_state, pod_info, replica_state
@@ -39,7 +39,7 @@ def workload(generation: int = 2, observed: int = 2, **status: Any) -> dict[str,
     }
 
 
-RESOURCE: MooncakeServing = customer_deployment()  # 2 replicas, named minimax-m25
+RESOURCE: MooncakeServing = reference_deployment()  # 2 replicas, named minimax-m25
 
 
 def test_pod_info_reads_readiness_template_hash_restarts_and_traffic() -> None:

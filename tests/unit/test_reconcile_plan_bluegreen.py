@@ -354,7 +354,7 @@ def test_a_failure_with_rollback_removes_the_candidate() -> None:
 def test_inconclusive_never_switches() -> None:
     fresh = CanaryRun(run("Inconclusive", G0, G1))
     decision = decide(resource(), SERVING_BLUE, observed((G0, G1), (B0, B1)), sets=CANDIDATE, fresh=fresh)
-    assert decision.status.phase == "CanaryFailed"
+    assert decision.status.phase == "CanaryInconclusive"
     assert serving_pods(decision) == {B0.name, B1.name}
     assert labels(decision) == {}
     assert removed(decision) == ()

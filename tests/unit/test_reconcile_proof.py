@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mooncake_operator.api.canary_spec import CanarySpec
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.api.status import CanaryStatus, CanaryTarget
 from mooncake_operator.canary import policy
@@ -29,7 +29,7 @@ from mooncake_operator.canary.models import (
     SpecDecoding,
     Verdict,
 )
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.canary.status import (
     benign_divergence_message,
     blamed_replicas,
@@ -47,7 +47,7 @@ PODS = ["x-replica-0", "x-replica-1"]
 
 
 def spec_with(**canary: Any) -> MooncakeServingSpec:
-    wire = customer_deployment().spec.to_wire()
+    wire = reference_deployment().spec.to_wire()
     wire["canary"] = {**wire["canary"], **canary}
     return MooncakeServingSpec.model_validate(wire)
 
@@ -74,10 +74,10 @@ def last_run(verdict: str = "Passed", finished: datetime = NOW, **target_changes
 
 
 def test_the_config_follows_the_spec() -> None:
-    spec = customer_deployment().spec
+    spec = reference_deployment().spec
     config = policy.canary_config(spec, URLS)
     assert config.replicas == URLS
-    assert config.request == {**customer_request(), "model": spec.model.name}
+    assert config.request == {**reference_request(), "model": spec.model.name}
     assert (config.block_size, config.eagle, config.pairs, config.request_timeout_s) == (
         16,
         True,
@@ -311,7 +311,7 @@ def test_the_config_takes_comparison_and_suite_from_the_spec() -> None:
         mode=ComparisonMode.EXACT, top_k=3, max_tie_gap_nats=0.2, max_drift_nats=0.05
     )
     assert isinstance(own.suite, list) and own.suite[0].name == "short"
-    assert own.suite[0].request["model"] == customer_deployment().spec.model.name
+    assert own.suite[0].request["model"] == reference_deployment().spec.model.name
     assert policy.canary_config(spec_with(suite=[]), URLS).suite == "off"
 
 

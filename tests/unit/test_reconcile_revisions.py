@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.build.digests import spec_hash
 from mooncake_operator.reconcile.decide import status
 from mooncake_operator.reconcile.decide.conditions import READY
@@ -15,7 +15,7 @@ from mooncake_operator.reconcile.decide.revisions import SPEC_KEY, last_good_man
 
 pytestmark = pytest.mark.unit
 
-RESOURCE = customer_deployment()
+RESOURCE = reference_deployment()
 GOOD = spec_hash(RESOURCE.spec)
 
 

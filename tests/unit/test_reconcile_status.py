@@ -73,7 +73,7 @@ def test_not_ready(
         (SPEC, run("Passed"), True, "Ready", "True", "Ready"),
         (SPEC, None, False, "Ready", "True", "Ready"),
         (SPEC, run("Failed"), True, "CanaryFailed", "False", "CanaryFailed"),
-        (SPEC, run("Inconclusive"), True, "CanaryFailed", "False", "CanaryInconclusive"),
+        (SPEC, run("Inconclusive"), True, "CanaryInconclusive", "False", "CanaryInconclusive"),
         (SPEC, run("Passed", "r1"), True, "Canary", "False", "CanaryPending"),  # not yet run for r2
         (SpecRevisions("r2", "r1", "r2", "r1"), run("Passed", "r1"), True, "Degraded", "False", "RolledBack"),
     ],
@@ -95,6 +95,7 @@ def test_hold_says_the_failed_replicas_are_out_of_traffic() -> None:
 
 def test_warning_events_for_failures_and_rollbacks() -> None:
     assert status.event_type("CanaryFailed", "CanaryFailed") == "Warning"
+    assert status.event_type("CanaryInconclusive", "CanaryInconclusive") == "Warning"
     assert status.event_type("Deploying", "RollingBack") == "Warning"
     assert status.event_type("Deploying", "Deploying") == "Normal"
     assert status.event_type("Ready", "Ready") == "Normal"

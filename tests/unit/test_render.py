@@ -21,7 +21,7 @@ import yaml
 from tests.unit.builders.cases import CASES, OWNER_UID, example_dict, small_variant
 from tests.unit.customer_seed import CUSTOMER_ARGV, CUSTOMER_ENV, CUSTOMER_STORE_JSON
 
-from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment, reference_deployment_yaml
 from mooncake_operator.api.quantities import format_bytes
 from mooncake_operator.api.resource import MooncakeServing, parse_resource
 from mooncake_operator.build.digests import spec_hash
@@ -84,7 +84,7 @@ def test_every_rendered_object_is_valid_kubernetes(
 
 
 def test_offline_validation_does_catch_a_bad_manifest() -> None:
-    stateful_set = replica_stateful_set(customer_deployment(), owner_uid=OWNER_UID)
+    stateful_set = replica_stateful_set(reference_deployment(), owner_uid=OWNER_UID)
     stateful_set["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(stateful_set, KUBERNETES_VERSIONS[-1], strict=True)
@@ -92,7 +92,7 @@ def test_offline_validation_does_catch_a_bad_manifest() -> None:
 
 def test_children_in_apply_order_with_stable_names() -> None:
     kinds_and_names = [
-        (m["kind"], m["metadata"]["name"]) for m in render_all(customer_deployment(), owner_uid="u")
+        (m["kind"], m["metadata"]["name"]) for m in render_all(reference_deployment(), owner_uid="u")
     ]
     assert kinds_and_names == [
         ("NetworkPolicy", "minimax-m25-master"),
@@ -108,7 +108,7 @@ def test_children_in_apply_order_with_stable_names() -> None:
 
 
 def test_every_child_is_owned_labelled_and_namespaced() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     for manifest in render_all(resource, owner_uid=OWNER_UID):
         meta = manifest["metadata"]
         assert meta["namespace"] == "default"
@@ -129,7 +129,7 @@ def test_every_child_is_owned_labelled_and_namespaced() -> None:
 
 
 def test_without_an_owner_uid_there_is_no_owner_reference() -> None:
-    for manifest in render_all(customer_deployment(), owner_uid=None):
+    for manifest in render_all(reference_deployment(), owner_uid=None):
         assert "ownerReferences" not in manifest["metadata"]
 
 
@@ -142,7 +142,7 @@ def replica_container(resource: MooncakeServing) -> dict[str, Any]:
 def test_replica_command_is_the_customers_argv_item_by_item() -> None:
     # The additions: the store key namespace of the KV fingerprint (spec.store.isolateRevisions), the
     # store's load-failure policy, and the flags that give each answer the canary's per-request evidence.
-    resource = customer_deployment()
+    resource = reference_deployment()
     command = replica_container(resource)["command"]
     kv_at = CUSTOMER_ARGV.index("--kv-transfer-config") + 1
     kv = json.loads(CUSTOMER_ARGV[kv_at])
@@ -160,7 +160,7 @@ def test_replica_command_comes_from_engine_args() -> None:
 
 
 def test_store_config_map_is_the_customers_json_with_the_master_service_address() -> None:
-    config_map = store_config_map(customer_deployment(), owner_uid=OWNER_UID)
+    config_map = store_config_map(reference_deployment(), owner_uid=OWNER_UID)
     text = config_map["data"]["mooncake_store.json"]
     ours, theirs = json.loads(text), json.loads(CUSTOMER_STORE_JSON)
     assert list(ours) == list(theirs)
@@ -170,7 +170,7 @@ def test_store_config_map_is_the_customers_json_with_the_master_service_address(
 
 
 def test_replica_env_mounts_and_secret() -> None:
-    container = replica_container(customer_deployment())
+    container = replica_container(reference_deployment())
     env = {item["name"]: item for item in container["env"]}
     for name, value in CUSTOMER_ENV.items():
         assert env[name] == {"name": name, "value": value}
@@ -179,7 +179,7 @@ def test_replica_env_mounts_and_secret() -> None:
     assert env["HF_TOKEN_PATH"] == {"name": "HF_TOKEN_PATH", "value": "/etc/mooncake/hf-token/token"}
     volumes = {
         v["name"]: v
-        for v in replica_stateful_set(customer_deployment(), owner_uid=None)["spec"]["template"]["spec"][
+        for v in replica_stateful_set(reference_deployment(), owner_uid=None)["spec"]["template"]["spec"][
             "volumes"
         ]
     }
@@ -201,7 +201,7 @@ def test_volumes_shm_is_memory_backed_and_cache_is_ephemeral_or_a_claim() -> Non
         stateful_set = replica_stateful_set(resource, owner_uid=OWNER_UID)
         return {v["name"]: v for v in stateful_set["spec"]["template"]["spec"]["volumes"]}
 
-    example = volumes(customer_deployment())
+    example = volumes(reference_deployment())
     assert example["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert "hf-cache" not in example  # the example's claim template provides it
     assert example["store-config"]["configMap"] == {"name": "minimax-m25-store-config"}
@@ -214,15 +214,55 @@ def test_volumes_shm_is_memory_backed_and_cache_is_ephemeral_or_a_claim() -> Non
 
 
 def test_gpus_equal_tensor_parallel_size_and_memory_adds_the_store() -> None:
-    resources = replica_container(customer_deployment())["resources"]
+    resources = replica_container(reference_deployment())["resources"]
     # 4 tensor-parallel workers, each mounting an 80GB segment and a 4GB local buffer.
     store = 4 * (80 + 4)
-    assert resources["requests"] == {"cpu": "16", "memory": f"{128 + store}Gi", "nvidia.com/gpu": "4"}
+    assert resources["requests"] == {
+        "cpu": "16",
+        "memory": f"{128 + store}Gi",
+        "nvidia.com/gpu": "4",
+        "ephemeral-storage": "10Gi",  # the /tmp scratch (pod.scratchSize's default)
+    }
     assert resources["limits"] == {"memory": f"{192 + store}Gi", "nvidia.com/gpu": "4"}
     obj = example_dict()
     obj["spec"]["model"]["cache"] = {"ephemeralSize": "600Gi"}
     ephemeral = replica_container(parse_resource(obj))["resources"]
-    assert ephemeral["requests"]["ephemeral-storage"] == "600Gi"  # the emptyDir cache
+    assert ephemeral["requests"]["ephemeral-storage"] == "610Gi"  # the emptyDir cache and the scratch
+
+
+def test_the_scratch_volume_is_sized_and_requested() -> None:
+    """/tmp (vLLM's compile caches) is an emptyDir on the node's disk: without a sizeLimit and a request
+    the scheduler ignores it and the kubelet may evict a serving replica for it."""
+
+    def template(obj: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        spec = replica_stateful_set(parse_resource(obj), owner_uid=OWNER_UID)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        engine = next(c for c in spec["containers"] if c["name"] == "vllm")
+        return volumes["tmp"], engine["resources"]
+
+    tmp, resources = template(example_dict())
+    assert tmp["emptyDir"] == {"sizeLimit": "10Gi"}
+    assert resources["requests"]["ephemeral-storage"] == "10Gi"
+    obj = example_dict()
+    obj["spec"]["pod"] = {"scratchSize": "32Gi"}
+    obj["spec"]["engine"]["resources"]["requests"]["ephemeral-storage"] = "1Gi"
+    obj["spec"]["engine"]["resources"]["limits"]["ephemeral-storage"] = "2Gi"
+    tmp, resources = template(obj)
+    assert tmp["emptyDir"] == {"sizeLimit": "32Gi"}
+    # Added to what the user requests for the container's own writes (and to a limit when one is set).
+    assert resources["requests"]["ephemeral-storage"] == "33Gi"
+    assert resources["limits"]["ephemeral-storage"] == "34Gi"
+
+
+@pytest.mark.parametrize(
+    ("size", "problem"),
+    [("512Mi", "at least 1Gi"), ("ten gigs", "quantity"), ("-1Gi", "quantity")],
+)
+def test_a_scratch_size_that_cannot_hold_the_caches_is_refused(size: str, problem: str) -> None:
+    obj = example_dict()
+    obj["spec"]["pod"] = {"scratchSize": size}
+    with pytest.raises(ValueError, match=problem):
+        parse_resource(obj)
 
 
 def test_memory_request_without_a_user_request_is_the_store_alone() -> None:
@@ -232,7 +272,7 @@ def test_memory_request_without_a_user_request_is_the_store_alone() -> None:
 
 
 def test_probes_watch_health() -> None:
-    container = replica_container(customer_deployment())
+    container = replica_container(reference_deployment())
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}
     startup = container["startupProbe"]
@@ -240,11 +280,11 @@ def test_probes_watch_health() -> None:
 
 
 def test_master_runs_from_the_engine_image_with_its_ports() -> None:
-    deployment = master_deployment(customer_deployment(), owner_uid=OWNER_UID)
+    deployment = master_deployment(reference_deployment(), owner_uid=OWNER_UID)
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["image"] == customer_deployment().spec.engine.image
+    assert container["image"] == reference_deployment().spec.engine.image
     assert container["command"][0] == "mooncake_master"
     assert "-rpc_port=50051" in container["command"] and "-metrics_port=9003" in container["command"]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"rpc": 50051, "metrics": 9003}
@@ -259,7 +299,7 @@ def test_master_runs_from_the_engine_image_with_its_ports() -> None:
 
 
 def test_selectors_match_the_pods_they_are_for() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     by_name = {(m["kind"], m["metadata"]["name"]): m for m in render_all(resource, owner_uid=OWNER_UID)}
     stateful_set = by_name[("StatefulSet", "minimax-m25-replica")]
     pod_labels = stateful_set["spec"]["template"]["metadata"]["labels"]
@@ -280,7 +320,7 @@ def test_selectors_match_the_pods_they_are_for() -> None:
 
 
 def test_replica_pods_start_out_of_the_client_service_and_the_label_alone_decides() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     pod_labels = replica_stateful_set(resource, owner_uid=None)["spec"]["template"]["metadata"]["labels"]
     assert pod_labels[TRAFFIC_LABEL] == TRAFFIC_OFF  # off until a canary proves the pod
     off = pod_labels
@@ -314,8 +354,8 @@ def template_annotations(resource: MooncakeServing) -> dict[str, str]:
 
 
 def test_a_store_config_change_changes_the_pod_template_hash() -> None:
-    base = template_annotations(customer_deployment())[CONFIG_HASH_ANNOTATION]
-    assert template_annotations(customer_deployment())[CONFIG_HASH_ANNOTATION] == base
+    base = template_annotations(reference_deployment())[CONFIG_HASH_ANNOTATION]
+    assert template_annotations(reference_deployment())[CONFIG_HASH_ANNOTATION] == base
     for change in (
         {"store.globalSegmentSize": "40GB"},
         {"store.enableOffload": True},
@@ -334,7 +374,7 @@ def test_replica_urls_address_every_pod_through_the_headless_service() -> None:
 
 
 def test_builders_are_pure_and_return_fresh_objects() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     first = render_all(resource, owner_uid=OWNER_UID)
     snapshot = copy.deepcopy(first)
     kinds = [manifest["kind"] for manifest in first]
@@ -346,8 +386,8 @@ def test_builders_are_pure_and_return_fresh_objects() -> None:
 
 
 def test_spec_hash_is_stable_and_sensitive() -> None:
-    spec = customer_deployment().spec
-    assert spec_hash(spec) == spec_hash(customer_deployment().spec)
+    spec = reference_deployment().spec
+    assert spec_hash(spec) == spec_hash(reference_deployment().spec)
     assert spec_hash(with_spec({"engine.blockSize": 32}).spec) != spec_hash(spec)
 
 
@@ -366,7 +406,7 @@ def test_render_command_prints_the_stream(capsys: pytest.CaptureFixture[str]) ->
         main(["render", "-f", str(Path(__file__).parents[2] / "examples" / "minimax-m2.5-eagle3.yaml")]) == 0
     )
     out = capsys.readouterr().out
-    assert out == to_yaml_stream(render_all(customer_deployment(), owner_uid=None))
+    assert out == to_yaml_stream(render_all(reference_deployment(), owner_uid=None))
     assert [doc["kind"] for doc in yaml.safe_load_all(out)] == [
         "NetworkPolicy",
         "NetworkPolicy",
@@ -382,7 +422,7 @@ def test_render_command_prints_the_stream(capsys: pytest.CaptureFixture[str]) ->
 
 def test_render_command_owner_uid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "mcs.yaml"
-    path.write_text(customer_deployment_yaml(), encoding="utf-8")
+    path.write_text(reference_deployment_yaml(), encoding="utf-8")
     assert main(["render", "-f", str(path), "--owner-uid", OWNER_UID]) == 0
     for doc in yaml.safe_load_all(capsys.readouterr().out):
         assert doc["metadata"]["ownerReferences"][0]["uid"] == OWNER_UID
@@ -395,11 +435,11 @@ def test_render_command_owner_uid(capsys: pytest.CaptureFixture[str], tmp_path: 
         ("- a\n- b\n", "expected a MooncakeServing mapping"),
         ("spec: [unclosed", "while parsing"),
         (
-            customer_deployment_yaml().replace("tensorParallelSize: 4", "tensorParallelSize: 0"),
+            reference_deployment_yaml().replace("tensorParallelSize: 4", "tensorParallelSize: 0"),
             "tensorParallelSize",
         ),
         (
-            customer_deployment_yaml() + "---\n" + customer_deployment_yaml().replace("80GB", "80GiB"),
+            reference_deployment_yaml() + "---\n" + reference_deployment_yaml().replace("80GB", "80GiB"),
             "(document 2): spec.store.globalSegmentSize: cannot parse size '80GiB'",
         ),
     ],
@@ -429,7 +469,7 @@ def _with_spec(resource: MooncakeServing, **changes: Any) -> MooncakeServing:
 
 
 def test_a_blue_green_candidate_set_has_its_own_name_selector_and_pods() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     template = replica_template_id(resource)
     name = replica_set_name(resource, template)
     plain = replica_stateful_set(resource, owner_uid="uid-1")
@@ -460,7 +500,7 @@ def test_a_blue_green_candidate_set_has_its_own_name_selector_and_pods() -> None
 
 
 def test_the_template_digest_follows_the_pod_template_only() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     template = replica_template_id(resource)
     # A replica count or canary change keeps the set; a KV-shaping change (fingerprint) or image does not.
     assert replica_template_id(_with_spec(resource, replicas=3)) == template

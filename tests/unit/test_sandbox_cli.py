@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mooncake_operator.canary import policy
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 from mooncake_operator.cli.main import build_parser
 from mooncake_sandbox import (
     EngineMode,
@@ -78,7 +78,7 @@ def test_sandbox_canary_is_the_customer_request_content_checks_off_exact_hit(spe
     # The operator's builder applied to the sandbox's spec: one rule for both (issue 13).
     spec = canary_spec(speculative=speculative, block_size=32)
     config = policy.canary_config(spec, ["http://127.0.0.1:1", "http://127.0.0.1:2"])
-    assert config.request == customer_request()
+    assert config.request == reference_request()
     assert config.expectations == []
     assert (config.block_size, config.eagle, config.pairs) == (32, speculative, "ring")
     assert config.request_timeout_s == 300.0

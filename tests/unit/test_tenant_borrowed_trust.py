@@ -16,7 +16,7 @@ import httpx
 import pytest
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.resource import MooncakeServing, parse_resource
 from mooncake_operator.api.status import MooncakeServingStatus
 from mooncake_operator.build.names import (
@@ -45,7 +45,7 @@ def selects(selector: dict[str, str], pod_labels: dict[str, str]) -> bool:
 
 
 def test_a_pod_with_only_the_traffic_labels_is_not_selected() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     template = replica_stateful_set(resource, owner_uid=OWNER_UID)["spec"]["template"]
     ours = {**template["metadata"]["labels"], TRAFFIC_LABEL: TRAFFIC_ON}
     foreign = {
@@ -62,7 +62,7 @@ def test_a_pod_with_only_the_traffic_labels_is_not_selected() -> None:
 
 
 def replica_set(name: str, owner_uid: str) -> dict[str, Any]:
-    resource = customer_deployment()
+    resource = reference_deployment()
     manifest = replica_stateful_set(resource, owner_uid=owner_uid)
     manifest["metadata"].update(name=name, namespace="ns", uid=f"sts-{name}", resourceVersion="5")
     return manifest
@@ -94,7 +94,7 @@ OURS_UID = "sts-ours"
 
 
 def demo() -> MooncakeServing:
-    wire = customer_deployment().to_wire()
+    wire = reference_deployment().to_wire()
     wire["metadata"] = {"name": "demo", "namespace": "ns", "uid": RESOURCE_UID, "generation": 1}
     return parse_resource(wire)
 

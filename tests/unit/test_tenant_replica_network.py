@@ -12,7 +12,7 @@ import pytest
 import yaml
 from tests.support.fake_api import runtime_answering
 
-from mooncake_operator.api.examples import customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.resource import parse_resource
 from mooncake_operator.build.etcd import ETCD_CLIENT_PORT
 from mooncake_operator.build.names import COMPONENT_ETCD
@@ -26,7 +26,7 @@ OPERATOR = operator_peer("mooncake-system")
 
 
 def resource(network_policy: dict[str, Any] | None = None, ha: bool = False) -> Any:
-    obj = yaml.safe_load(customer_deployment_yaml())
+    obj = yaml.safe_load(reference_deployment_yaml())
     if network_policy is not None:
         obj["spec"]["networkPolicy"] = network_policy
     if ha:

@@ -358,6 +358,31 @@ def test_user_facing_text_speaks_of_the_reference_deployment_not_the_customer(pa
     assert not found, f"{path.name}: say 'the reference deployment' (or the user): {found}"
 
 
+@pytest.mark.parametrize("command", [None, "run", "render", "crd", "canary", "sandbox"])
+def test_cli_help_speaks_of_the_reference_deployment_not_the_customer(
+    command: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mooncake_operator.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"] if command else ["--help"])
+    shown = capsys.readouterr().out
+    assert "usage:" in shown
+    found = [line.strip() for line in shown.splitlines() if ORIGIN_WORDS.search(line)]
+    assert not found, f"mooncake-operator {command or ''} --help: say 'the reference deployment': {found}"
+
+
+def test_crd_descriptions_and_chart_values_speak_of_the_reference_deployment_not_the_customer() -> None:
+    from mooncake_operator.api.crd import crd_yaml
+
+    for name, text in (
+        ("the CRD", crd_yaml()),
+        ("values.yaml", (REPO_ROOT / "charts" / "mooncake-operator" / "values.yaml").read_text("utf-8")),
+    ):
+        found = [line.strip() for line in text.splitlines() if ORIGIN_WORDS.search(line)]
+        assert not found, f"{name}: say 'the reference deployment': {found}"
+
+
 def chart_value_paths(values: dict[str, Any], prefix: str = "") -> set[str]:
     """Dotted paths of the chart's values; a map of free-form keys (labels, resources) is one value."""
     paths = set()

@@ -113,15 +113,16 @@ class CanarySpec(ApiModel):
     request: dict[str, Any] | None = Field(
         default=None,
         description=(
-            "Chat-completions request body sent to writer and reader. Unset: the customer's request "
-            "(mooncake_operator.canary.request.customer_request())."
+            "Chat-completions request body sent to writer and reader. Unset: the reference deployment's "
+            "deployment-record chat (docs/canary.md)."
         ),
     )
     expectations: list[ExpectationSpec] | None = Field(
         default=None,
         description=(
             "Checks every answer must pass, as in `mooncake-operator canary --expect`. Unset: the "
-            "customer's (one JSON object with the latest values, nothing before it); []: content checks off."
+            "reference deployment's (one JSON object with the latest values, nothing before it); []: content "
+            "checks off."
         ),
     )
     pairs: Literal["ring", "first"] = Field(

@@ -42,6 +42,19 @@ _KEPT_KEYWORDS = (
 )
 
 PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Model", "type": "string", "description": "The served model", "jsonPath": ".spec.model.name"},
+    {
+        "name": "Ready-Replicas",
+        "type": "integer",
+        "description": "Replica pods ready (of the serving replica set)",
+        "jsonPath": ".status.replicas.ready",
+    },
+    {
+        "name": "Desired",
+        "type": "integer",
+        "description": "Replica pods the serving replica set should have",
+        "jsonPath": ".status.replicas.desired",
+    },
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Canary", "type": "string", "jsonPath": ".status.canary.verdict"},
     {

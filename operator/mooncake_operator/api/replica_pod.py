@@ -25,6 +25,11 @@ from mooncake_operator.api.kube_types import (
     VolumeMount,
     check_metadata_key,
 )
+from mooncake_operator.api.quantities import Quantity, parse_quantity
+
+# /tmp holds vLLM's torch.compile and Triton caches: a few GiB for a large model, 10Gi leaves headroom.
+DEFAULT_SCRATCH_SIZE = "10Gi"
+MIN_SCRATCH_BYTES = 1 << 30
 
 
 class Scheduling(ApiModel):
@@ -156,6 +161,14 @@ class ReplicaPodSpec(ApiModel):
             "pod's terminationGracePeriodSeconds is this plus 30 s for the engine's own shutdown."
         ),
     )
+    scratch_size: Quantity = Field(
+        default=DEFAULT_SCRATCH_SIZE,
+        description=(
+            "Size limit of the engine's scratch emptyDir at /tmp (compile caches: torch.compile, Triton, "
+            "CUDA graphs), also requested as ephemeral-storage so the scheduler reserves it and the "
+            "kubelet evicts the pod only when the scratch grows past it. A quantity, at least 1Gi."
+        ),
+    )
     volumes: list[dict[str, Any]] = Field(
         default_factory=list, description="Extra pod volumes (Kubernetes' Volume shape)."
     )
@@ -172,6 +185,10 @@ class ReplicaPodSpec(ApiModel):
 
     @model_validator(mode="after")
     def _adds_never_replaces(self) -> ReplicaPodSpec:
+        if parse_quantity(self.scratch_size) < MIN_SCRATCH_BYTES:
+            raise ValueError(
+                f"pod.scratchSize {self.scratch_size}: at least 1Gi (vLLM's compile caches land in /tmp)"
+            )
         if self.automount_service_account_token and self.service_account_name is None:
             raise ValueError(
                 "pod.automountServiceAccountToken needs pod.serviceAccountName: it would mount the token of "

@@ -104,4 +104,4 @@ def parse_resource(obj: Any) -> MooncakeServing:
     try:
         return MooncakeServing.model_validate(plain(obj))
     except ValidationError as error:
-        raise InvalidResourceError(describe_validation_error(error)) from error
+        raise InvalidResourceError(describe_validation_error(error, MooncakeServing)) from error

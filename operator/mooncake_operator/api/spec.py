@@ -21,6 +21,7 @@ from mooncake_operator.api.engine_flags import (
     pipeline_parallel_size,
     secret_flag_of,
 )
+from mooncake_operator.api.images import ImageReference
 from mooncake_operator.api.kube_types import (
     GPU_RESOURCE,
     ContainerSecurityContext,
@@ -201,7 +202,7 @@ class ModelSpec(ApiModel):
 
 
 class EngineSpec(ApiModel):
-    image: str = Field(
+    image: ImageReference = Field(
         min_length=1,
         description="vLLM engine image carrying the MooncakeStore load_mask fix (images/vllm-mooncake).",
     )

@@ -20,7 +20,11 @@ MAX_FOREIGN_PODS = 8
 VerdictField = Annotated[Verdict, Strict(False)]
 PutWaitOutcomeField = Annotated[PutWaitOutcome, Strict(False)]
 
-Phase = Literal["Pending", "Deploying", "Canary", "Ready", "CanaryFailed", "Degraded", "Invalid"]
+# CanaryInconclusive is its own phase: the operator retries it by itself, so it must never read as a
+# failure (CanaryFailed, Stalled) to Argo CD, Flux or a person.
+Phase = Literal[
+    "Pending", "Deploying", "Canary", "Ready", "CanaryFailed", "CanaryInconclusive", "Degraded", "Invalid"
+]
 ConditionType = Literal["MasterReady", "ReplicasReady", "CanaryPassed", "Ready", "Reconciling", "Stalled"]
 # What each reconcile decides; then kstatus' two, derived from Ready (conditions.kstatus_states).
 CONDITION_TYPES: tuple[ConditionType, ...] = ("MasterReady", "ReplicasReady", "CanaryPassed", "Ready")

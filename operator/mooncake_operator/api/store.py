@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from mooncake_operator.api.base import ApiModel
+from mooncake_operator.api.images import ImageReference
 from mooncake_operator.api.kube_types import (
     GPU_RESOURCE,
     MULTUS_NETWORKS_ANNOTATION,
@@ -115,7 +116,9 @@ class ExternalEtcd(ApiModel):
 class ManagedEtcd(ApiModel):
     """An etcd the operator runs for this resource: a StatefulSet with a volume per member."""
 
-    image: str = Field(default=DEFAULT_ETCD_IMAGE, min_length=1, description="etcd image (etcd on PATH).")
+    image: ImageReference = Field(
+        default=DEFAULT_ETCD_IMAGE, min_length=1, description="etcd image (etcd on PATH)."
+    )
     replicas: int = Field(default=1, ge=1, le=5, description="etcd members: 1, 3 or 5.")
     storage_size: Quantity = Field(default="1Gi", description="PersistentVolumeClaim size per member.")
     storage_class_name: str | None = Field(
@@ -176,7 +179,7 @@ class MasterHighAvailability(ApiModel):
 
 
 class MasterSpec(ApiModel):
-    image: str | None = Field(
+    image: ImageReference | None = Field(
         default=None,
         min_length=1,
         description="Image with mooncake_master; default engine.image (it carries mooncake-transfer-engine).",

@@ -2,7 +2,7 @@
 
 The Kubernetes renderer and the CPU sandbox both call `replica_launch`, so the sandbox runs what production
 runs except for the substitutions a CPU machine forces (`SandboxSubstitutions`), each of which the sandbox
-prints (`describe_substitutions`). For the customer's example the production argv equals the customer's own
+prints (`describe_substitutions`). For the reference deployment's example the production argv equals its own
 `vllm serve` arguments item by item (the store's load-failure policy added to its JSON), followed by the
 flags that give the canary per-request evidence (`evidence_args`), `--host/--port` and `engine.extraArgs`.
 """
@@ -41,7 +41,7 @@ CLUSTER_ID_ENV = "MC_STORE_CLUSTER_ID"
 class SandboxSubstitutions:
     """What the CPU sandbox changes from production; each one is printed by the sandbox."""
 
-    # Local tiny target; --served-model-name keeps spec.model.name so the customer's request works unchanged.
+    # Local tiny target; --served-model-name keeps spec.model.name so the reference request works unchanged.
     model_path: str
     # Local tiny Eagle-3 draft: replaces speculative.model, its revision dropped (a local dir has none).
     draft_model_path: str | None
@@ -101,14 +101,14 @@ class EngineLaunch:
 
 
 def _compact_json(value: Mapping[str, Any]) -> str:
-    # The customer's flags are compact JSON with keys in insertion order; keep it byte-for-byte.
+    # The reference deployment's flags are compact JSON with keys in insertion order; keep it byte-for-byte.
     return json.dumps(value, separators=(",", ":"))
 
 
 def store_config(
     spec: MooncakeServingSpec, *, master_address: str, substitutions: SandboxSubstitutions | None = None
 ) -> dict[str, Any]:
-    """mooncake_store.json: the customer's keys in the customer's order."""
+    """mooncake_store.json: the reference deployment's keys in its order."""
     store = spec.store
     segment = store.global_segment_size or "0"
     local_buffer = store.local_buffer_size
@@ -283,7 +283,7 @@ def replica_launch(
             # model.name first: vLLM reports the first name, and the canary asks for it.
             argv += ["--served-model-name", model.name, *model.served_model_name_aliases]
     else:
-        # Local directories have no revisions; the served name keeps the customer's request valid.
+        # Local directories have no revisions; the served name keeps the reference request valid.
         argv += _model_args(spec, entrypoint, sub.model_path)
         argv += ["--served-model-name", model.name, *model.served_model_name_aliases]
     if model.trust_remote_code:

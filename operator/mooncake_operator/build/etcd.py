@@ -28,6 +28,15 @@ ETCD_PEER_PORT = 2380
 ETCD_CONTAINER = "etcd"
 ETCD_DATA_DIR = "/var/lib/etcd"
 ETCD_CA_VOLUME = "etcd-ca"
+# etcd runs as this non-root user (the distroless "nonroot" id); the members' claims are group-owned by it
+# (fsGroup), so the data directory etcd creates in them is its own. Pod Security "restricted" throughout.
+ETCD_USER_ID = 65532
+# Without user-set resources: what a 1-5 member etcd holding only leader election (and the oplog) needs;
+# the memory limit keeps a runaway member from taking the node's memory from the engines.
+DEFAULT_ETCD_RESOURCES: dict[str, dict[str, str | int]] = {
+    "requests": {"cpu": "100m", "memory": "256Mi"},
+    "limits": {"memory": "1Gi"},
+}
 
 
 def ha_enabled(resource: MooncakeServing) -> bool:
@@ -101,6 +110,31 @@ def etcd_service(resource: MooncakeServing, *, owner_uid: str | None) -> Manifes
     }
 
 
+def etcd_pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": ETCD_USER_ID,
+        "runAsGroup": ETCD_USER_ID,
+        # The claim's root directory becomes group-writable by etcd's group; checked once per mount.
+        "fsGroup": ETCD_USER_ID,
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def etcd_container_security_context() -> dict[str, Any]:
+    # etcd writes only to its data directory (the claim): the root filesystem can be read-only.
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": ETCD_USER_ID,
+        "runAsGroup": ETCD_USER_ID,
+        "readOnlyRootFilesystem": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
 def etcd_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Manifest:
     etcd = resource.spec.store.master.high_availability.etcd.managed_or_default()
     assert etcd is not None, "etcd_stateful_set renders the operator-run etcd only"
@@ -138,9 +172,11 @@ def etcd_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
         "livenessProbe": {**health, "initialDelaySeconds": 15, "periodSeconds": 10, "failureThreshold": 6},
         "volumeMounts": [{"name": "data", "mountPath": ETCD_DATA_DIR}],
     }
-    resources = container_resources(etcd.resources)
-    if resources:
-        container["resources"] = resources
+    # The user's resources replace the defaults as a whole (a request without our limit is theirs to pick).
+    container["resources"] = container_resources(etcd.resources) or {
+        key: dict(value) for key, value in DEFAULT_ETCD_RESOURCES.items()
+    }
+    container["securityContext"] = etcd_container_security_context()
     claim_spec: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": etcd.storage_size}},
@@ -162,6 +198,7 @@ def etcd_stateful_set(resource: MooncakeServing, *, owner_uid: str | None) -> Ma
                 "metadata": {"labels": dict(pod_labels)},
                 "spec": {
                     **pod_hardening(resource.spec),
+                    "securityContext": etcd_pod_security_context(),
                     "affinity": with_spread(None, resource, COMPONENT_ETCD),
                     "containers": [container],
                 },

@@ -65,14 +65,15 @@ def replica_resources(spec: MooncakeServingSpec) -> dict[str, dict[str, str | in
     requests["memory"] = format_bytes(parse_quantity(requests.get("memory", 0)) + store)
     if "memory" in limits:
         limits["memory"] = format_bytes(parse_quantity(limits["memory"]) + store)
-    # An emptyDir cache lives on the node's ephemeral storage: reserve it, or the scheduler places the
-    # pod on a node whose disk cannot hold the weights (and the kubelet evicts it mid-download).
-    cache_size = spec.model.cache.ephemeral_size
-    if cache_size is not None:
-        cache = parse_quantity(cache_size)
-        requests[EPHEMERAL_STORAGE] = format_bytes(parse_quantity(requests.get(EPHEMERAL_STORAGE, 0)) + cache)
-        if EPHEMERAL_STORAGE in limits:
-            limits[EPHEMERAL_STORAGE] = format_bytes(parse_quantity(limits[EPHEMERAL_STORAGE]) + cache)
+    # emptyDirs live on the node's ephemeral storage: reserve them, or the scheduler places the pod on a
+    # node whose disk cannot hold them (and the kubelet evicts it mid-download or mid-compile). The /tmp
+    # scratch always; the weights cache when it is an emptyDir.
+    on_node = parse_quantity(spec.pod.scratch_size)
+    if spec.model.cache.ephemeral_size is not None:
+        on_node += parse_quantity(spec.model.cache.ephemeral_size)
+    requests[EPHEMERAL_STORAGE] = format_bytes(parse_quantity(requests.get(EPHEMERAL_STORAGE, 0)) + on_node)
+    if EPHEMERAL_STORAGE in limits:
+        limits[EPHEMERAL_STORAGE] = format_bytes(parse_quantity(limits[EPHEMERAL_STORAGE]) + on_node)
     rdma = spec.store.rdma
     if rdma is not None and rdma.resource_name is not None:
         count = str(rdma.resource_count)
@@ -125,7 +126,7 @@ def _replica_volumes(resource: MooncakeServing) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [
         {"name": "store-config", "configMap": {"name": names.store_config}},
         {"name": "dshm", "emptyDir": shm},
-        {"name": TMP_VOLUME, "emptyDir": {}},
+        {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": spec.pod.scratch_size}},
     ]
     if cache.existing_claim is not None:
         volumes.append(

@@ -214,7 +214,7 @@ class _Check(BaseModel):
 
 
 class JsonObjectOnly(_Check):
-    """The answer is exactly one JSON object: no text before it (the customer's paraphrase) or after."""
+    """The answer is exactly one JSON object: no text before it (the paraphrase the bug produced) or after."""
 
     kind: Literal["json_object_only"] = "json_object_only"
 

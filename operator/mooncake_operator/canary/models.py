@@ -24,7 +24,7 @@ from mooncake_operator.canary.defaults import (
     MAX_TOP_K,
 )
 from mooncake_operator.canary.expectations import Expectation
-from mooncake_operator.canary.request import customer_expectations, customer_request
+from mooncake_operator.canary.request import reference_expectations, reference_request
 from mooncake_operator.canary.urls import redact_url as redact_url
 
 
@@ -456,8 +456,8 @@ class CanaryConfig(_Model):
     """
 
     replicas: list[str] = Field(min_length=2)
-    request: dict[str, Any] = Field(default_factory=customer_request)
-    expectations: list[Expectation] = Field(default_factory=customer_expectations)
+    request: dict[str, Any] = Field(default_factory=reference_request)
+    expectations: list[Expectation] = Field(default_factory=reference_expectations)
     pairs: Literal["ring", "first"] = "ring"
     request_timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     metrics_timeout_s: float = Field(default=10.0, gt=0, allow_inf_nan=False)

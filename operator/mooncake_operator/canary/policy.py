@@ -24,21 +24,23 @@ from mooncake_operator.canary.models import (
     SuiteEntry,
     Verdict,
 )
-from mooncake_operator.canary.request import customer_request
+from mooncake_operator.canary.request import reference_request
 
 _EXPECTATIONS = TypeAdapter(list[Expectation])
 
 
 def canary_request(spec: MooncakeServingSpec) -> dict[str, Any]:
-    """The spec's request, or the customer's; sent to the served model name unless the request names one."""
+    """The spec's request, or the reference deployment's; sent to the served model name unless the
+    request names one."""
     if spec.canary.request is None:
-        return {**customer_request(), "model": spec.model.name}
+        return {**reference_request(), "model": spec.model.name}
     request = plain(spec.canary.request)
     return request if "model" in request else {**request, "model": spec.model.name}
 
 
 def canary_expectations(spec: MooncakeServingSpec) -> list[Expectation] | None:
-    """The spec's expectations as the canary's checks; None: the canary's default (the customer's)."""
+    """The spec's expectations as the canary's checks; None: the canary's default (the reference
+    deployment's)."""
     if spec.canary.expectations is None:
         return None
     return _EXPECTATIONS.validate_python([item.model_dump() for item in spec.canary.expectations])

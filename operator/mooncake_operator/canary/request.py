@@ -1,6 +1,7 @@
-"""The customer's request and what its answer must hold, and the default suite: the canary's defaults.
+"""The reference deployment's request and what its answer must hold, and the default suite: the
+canary's defaults.
 
-The body is the one the customer sent in every trial of their report, byte for byte in content;
+The body is the one the reference deployment sent in every trial of its bug report, byte for byte in content;
 the expectations are theirs: one JSON object with the production update's values (us-west, 4, 16),
 none of the superseded initial values (us-east, 2, 8), and nothing before the object (one of the
 corrupted answers put a paraphrase of the system instruction there).
@@ -31,7 +32,7 @@ from mooncake_operator.canary.expectations import (
 )
 from mooncake_operator.canary.urls import redact_url
 
-_CUSTOMER_REQUEST: dict[str, Any] = {
+_REFERENCE_REQUEST: dict[str, Any] = {
     "model": "MiniMaxAI/MiniMax-M2.5",
     "messages": [
         {
@@ -66,12 +67,12 @@ _CUSTOMER_REQUEST: dict[str, Any] = {
 }
 
 
-def customer_request() -> dict[str, Any]:
-    """The customer's chat request body (a fresh deep copy: callers may edit it)."""
-    return copy.deepcopy(_CUSTOMER_REQUEST)
+def reference_request() -> dict[str, Any]:
+    """The reference deployment's chat request body (a fresh deep copy: callers may edit it)."""
+    return copy.deepcopy(_REFERENCE_REQUEST)
 
 
-def customer_expectations() -> list[Expectation]:
+def reference_expectations() -> list[Expectation]:
     """One JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before it."""
     return [
         JsonObjectOnly(),
@@ -85,7 +86,7 @@ def customer_expectations() -> list[Expectation]:
 TOKENIZE_PATH = "/tokenize"
 # Answer tokens of each boundary request: a wrong trailing block moves the first tokens' distribution
 # already (the judge compares per-token logprobs from the first token on), so a short answer keeps
-# the suite cheap; the customer's own request keeps its max_tokens.
+# the suite cheap; the reference request keeps its max_tokens.
 SUITE_MAX_TOKENS = 32
 # Whole blocks of the boundary prompts at least: with Eagle the lookup drops one block and the
 # double-prune bug another, so fewer would leave the buggy reader nothing to load (Inconclusive).
@@ -142,7 +143,7 @@ class SuiteRequest:
     """One request of a canary suite: its body, what its answers must hold, why it is there.
 
     `expectations` None: the request is judged warm against cold only (the padded requests: their
-    filler may change what a real model answers, so content checks stay on the customer's request).
+    filler may change what a real model answers, so content checks stay on the reference request).
     `prompt_tokens`: the exact prompt length the padding produced (None when not measured)."""
 
     name: str
@@ -290,7 +291,7 @@ async def build_suite(
     measured = await count(copy.deepcopy(base))
     suite = [
         SuiteRequest(
-            name="customer",
+            name="reference",
             request=copy.deepcopy(base),
             expectations=expectations,
             prompt_tokens=measured.count,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -110,14 +111,26 @@ class PlannedRequest:
     complete_answer_checks: tuple[Expectation, ...] = ()
 
 
-async def run_canary(config: CanaryConfig, *, client: httpx.AsyncClient | None = None) -> CanaryResult:
-    """Run every pair of `config` and judge them. Creates and closes its own client when none is given."""
+# Told a line at each step of a run (which pair, which request, time so far), for a person waiting on it.
+Progress = Callable[[str], None]
+
+
+def _no_progress(_: str) -> None:
+    return None
+
+
+async def run_canary(
+    config: CanaryConfig, *, client: httpx.AsyncClient | None = None, progress: Progress | None = None
+) -> CanaryResult:
+    """Run every pair of `config` and judge them. Creates and closes its own client when none is given.
+    `progress` is told each step in a line (replica URLs without their credentials)."""
+    tell = progress or _no_progress
     if client is not None:
-        result = await _run(config, client)
+        result = await _run(config, client, tell)
     else:
         # trust_env=False: replica URLs are direct addresses; an environment proxy must not reroute them.
         async with httpx.AsyncClient(trust_env=False) as own_client:
-            result = await _run(config, own_client)
+            result = await _run(config, own_client, tell)
     return without_secrets(result, config.replicas)
 
 
@@ -142,16 +155,28 @@ def expected_hit_for(config: CanaryConfig, prompt_tokens: int | None) -> int | N
     return None
 
 
-async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
+async def _run(config: CanaryConfig, client: httpx.AsyncClient, tell: Progress) -> CanaryResult:
     run_id = uuid.uuid4().hex[:12]
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     retry = RetryPolicy(retries=config.connect_retries, backoff_s=config.retry_backoff_s)
+    tell(f"run {run_id}: planning the requests")
     planned, suite_problem = await plan_requests(config, client)
+    replica_pairs = plan_pairs(config.replicas, config.pairs)
+    total = len(replica_pairs) * len(planned)
+    tell(
+        f"[{time.perf_counter() - started:6.1f} s] run {run_id}: {len(replica_pairs)} replica pair(s) x "
+        f"{len(planned)} request(s) = {total} measurement(s)"
+    )
     pairs = []
     index = 0
-    for writer, reader in plan_pairs(config.replicas, config.pairs):
-        for item in planned:
+    for writer, reader in replica_pairs:
+        for number, item in enumerate(planned, start=1):
+            step = f"{index + 1}/{total}"
+            tell(
+                f"[{time.perf_counter() - started:6.1f} s] {step}: {redact_url(writer)} writes, "
+                f"{redact_url(reader)} reads; request {item.entry.name!r} ({number}/{len(planned)})"
+            )
             salt = new_cache_salt(run_id, index)
             evidence = await measure_pair(
                 client,
@@ -167,6 +192,7 @@ async def _run(config: CanaryConfig, client: httpx.AsyncClient) -> CanaryResult:
             # Judging scans two answers of up to the body cap: off the event loop, so the operator's
             # other work (health probes, other resources) goes on meanwhile.
             pairs.append(await asyncio.to_thread(judge_pair, evidence, config))
+            tell(f"[{time.perf_counter() - started:6.1f} s] {step}: {pairs[-1].verdict.value}")
             index += 1
     verdict, reason = summarize(pairs)
     if suite_problem is not None and verdict is Verdict.PASSED:

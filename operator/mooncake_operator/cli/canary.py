@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +52,7 @@ proven is Inconclusive, with its cause. With --block-size each pair also runs th
 block-boundary suite (prompts ending on, one past and one short of a block boundary, and one of many
 blocks, padded with the replicas' own /tokenize); --suite FILE runs yours, --no-suite none.
 
-Default request: the customer's deployment-record chat (temperature 0). Default expectations: one
+Default request: the reference deployment's deployment-record chat (temperature 0). Default expectations: one
 JSON object holding us-west, 4 and 16, none of us-east, 2 and 8, nothing before it.
 
 --resource [NAMESPACE/]NAME reads the MooncakeServing from the API (needs `get` on
@@ -145,7 +147,7 @@ def register(subparsers: Any) -> None:
         "--request",
         type=Path,
         metavar="FILE",
-        help="chat completion body, JSON or YAML (default: customer's)",
+        help="chat completion body, JSON or YAML (default: the reference deployment's)",
     )
     parser.add_argument("--model", metavar="NAME", help="replace the request's model (the served model name)")
     content = parser.add_mutually_exclusive_group()
@@ -254,7 +256,18 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="only the request (default with --block-size: the block-boundary suite beside it)",
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as JSON instead of a table; a setup error (exit 3) or an internal error "
+        '(exit 70) as {"error": {"kind": ..., "message": ...}, "exitCode": N}',
+    )
+    parser.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress lines on stderr (by default one per step: which pair, which request, elapsed)",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -266,7 +279,7 @@ def _run(args: argparse.Namespace) -> int:
         output = render_json(result) + "\n" if args.json else render_table(result)
     except UsageError as error:
         print(f"mooncake-operator canary: {error}", file=sys.stderr)
-        return exit_codes.USAGE
+        return _error_exit(args, "setup", str(error), exit_codes.USAGE)
     except Exception:
         # Exit 1 means Failed (a finding about the replicas); a defect of ours must not read as one.
         print(
@@ -274,16 +287,36 @@ def _run(args: argparse.Namespace) -> int:
             "about the replicas); please report it with this traceback:\n" + traceback.format_exc(),
             file=sys.stderr,
         )
-        return exit_codes.INTERNAL_ERROR
+        message = f"internal error: {traceback.format_exception_only(sys.exc_info()[1])[-1].strip()}"
+        return _error_exit(args, "internal", message, exit_codes.INTERNAL_ERROR)
     sys.stdout.write(output)
     return result.exit_code
+
+
+def _error_exit(args: argparse.Namespace, kind: str, message: str, code: int) -> int:
+    """Under --json, stdout is JSON whatever happens: a caller parsing it (helm test logs, CI) gets the
+    error as an object rather than nothing."""
+    if args.json:
+        error = {"error": {"kind": kind, "message": message}, "exitCode": code}
+        sys.stdout.write(json.dumps(error, indent=2) + "\n")
+    return code
+
+
+def _progress(args: argparse.Namespace) -> Callable[[str], None] | None:
+    if args.quiet:
+        return None
+
+    def tell(line: str) -> None:
+        print(f"mooncake-operator canary: {line}", file=sys.stderr, flush=True)
+
+    return tell
 
 
 async def _prove(args: argparse.Namespace) -> CanaryResult:
     if args.resource is None:
         from mooncake_operator.canary.runner import run_canary
 
-        return await run_canary(build_config(args))
+        return await run_canary(build_config(args), progress=_progress(args))
     refuse_what_flags(args)
     from mooncake_operator.cli.canary_proxy import ProxyAccessError
     from mooncake_operator.cli.canary_resource import ResourceError
@@ -329,7 +362,9 @@ async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
         if kube_config.in_cluster_config:
             # Inside the cluster: the IP of each pod the resource's StatefulSet created (proven first).
             urls = pod_urls(await fetch_replica_pods(kube, resource, planned.serving_set), port)
-            result = await run_canary(CanaryConfig(**{**dict(config), "replicas": urls}))
+            result = await run_canary(
+                CanaryConfig(**{**dict(config), "replicas": urls}), progress=_progress(args)
+            )
         else:
             await check_proxy_access(kube, ref.namespace)
             names = [pod.name for pod in await fetch_replica_pods(kube, resource, planned.serving_set)]
@@ -340,7 +375,8 @@ async def _prove_resource(args: argparse.Namespace) -> CanaryResult:
                 file=sys.stderr,
             )
             async with proxy_client(kube_config) as client:
-                result = await run_canary(CanaryConfig(**{**dict(config), "replicas": urls}), client=client)
+                proxied = CanaryConfig(**{**dict(config), "replicas": urls})
+                result = await run_canary(proxied, client=client, progress=_progress(args))
     # The operator's reading of the run (requireExternalHit), so exit 0 means what its status would.
     return effective_result(result, require_external_hit=planned.require_external_hit)
 
@@ -422,7 +458,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
     from pydantic import ValidationError
 
     from mooncake_operator.canary.models import CanaryConfig
-    from mooncake_operator.canary.request import customer_request
+    from mooncake_operator.canary.request import reference_request
 
     if args.kubeconfig is not None or args.context is not None:
         raise UsageError("--kubeconfig and --context only apply with --resource")
@@ -430,7 +466,7 @@ def build_config(args: argparse.Namespace) -> CanaryConfig:
         raise UsageError("-n/--namespace only applies with --resource")
     if len(args.replica) < 2:
         raise UsageError("give at least two --replica URLs: one writes the prefix, another reads it")
-    request = _load_request(args.request) if args.request else customer_request()
+    request = _load_request(args.request) if args.request else reference_request()
     if args.model:
         request["model"] = args.model
     options: dict[str, Any] = {
@@ -515,9 +551,10 @@ def _load_document(path: Path) -> object:
     except UnicodeDecodeError as error:
         raise UsageError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
-        return safe_yaml.load(text)  # JSON is YAML too
+        return safe_yaml.load(text, str(path))  # JSON is YAML too
     except yaml.YAMLError as error:
-        raise UsageError(f"{path} is neither JSON nor YAML: {error}") from None
+        where = safe_yaml.describe_error(error, str(path))
+        raise UsageError(f"{path} is neither JSON nor YAML: {where}") from None
 
 
 def _problems(error: ValidationError) -> list[str]:

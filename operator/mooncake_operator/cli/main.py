@@ -22,7 +22,7 @@ COMMANDS: dict[str, str] = {
     "render": "print the Kubernetes manifests a MooncakeServing becomes (for review and GitOps)",
     "crd": "generate the MooncakeServing CustomResourceDefinition from the API models",
     "canary": "prove that answers from prefixes loaded from the store equal cold answers",
-    "sandbox": "run the customer's deployment on real CPU engines here and prove it with the canary",
+    "sandbox": "run the reference deployment on real CPU engines here and prove it with the canary",
 }
 COMMAND_MODULES = tuple(COMMANDS)
 

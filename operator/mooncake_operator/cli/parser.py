@@ -10,6 +10,23 @@ from typing import NoReturn
 from mooncake_operator import exit_codes
 
 
+def add_allow_flags(parser: argparse.ArgumentParser) -> None:
+    """`--allow-privileged-engines` and `--allow-host-network`, the same for `run` and `render`: what the
+    operator refuses without them (api/admission.py), `render` refuses too."""
+    parser.add_argument(
+        "--allow-privileged-engines",
+        action="store_true",
+        help="allow store.rdma.hostDevices (a privileged replica container); without it such a resource "
+        "is Invalid and nothing is applied",
+    )
+    parser.add_argument(
+        "--allow-host-network",
+        action="store_true",
+        help="allow store.rdma.hostNetwork (replicas on the node's network); without it such a resource "
+        "is Invalid and nothing is applied",
+    )
+
+
 class VerdictCommandParser(argparse.ArgumentParser):
     """Usage errors exit 3 (exit_codes.USAGE): argparse's usual 2 means Inconclusive for canary/sandbox."""
 

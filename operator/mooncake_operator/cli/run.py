@@ -16,6 +16,7 @@ from kopf._core.engines.peering import Identity  # the type of kopf.run's identi
 
 from mooncake_operator import exit_codes
 from mooncake_operator.build.network_policy import REPLICA_INGRESS_DEFAULTS
+from mooncake_operator.cli.parser import add_allow_flags
 from mooncake_operator.kube.client import KubeClient
 from mooncake_operator.kube.errors import KubeConfigError
 from mooncake_operator.runtime.handlers import build_registry
@@ -151,18 +152,7 @@ def register(subparsers: Any) -> None:
         help="a canary run not finished after S seconds is ended as Inconclusive and its slot freed "
         "(default: %(default)g)",
     )
-    parser.add_argument(
-        "--allow-privileged-engines",
-        action="store_true",
-        help="allow store.rdma.hostDevices (a privileged replica container); without it such a resource "
-        "is Invalid and nothing is applied",
-    )
-    parser.add_argument(
-        "--allow-host-network",
-        action="store_true",
-        help="allow store.rdma.hostNetwork (replicas on the node's network); without it such a resource "
-        "is Invalid and nothing is applied",
-    )
+    add_allow_flags(parser)
     parser.add_argument(
         "--replica-ingress-default",
         choices=REPLICA_INGRESS_DEFAULTS,

@@ -20,7 +20,7 @@ from mooncake_operator import exit_codes
 from mooncake_operator.cli.parser import VerdictCommandParser
 
 ENTRY_POINT_GROUP = "mooncake_operator.commands"
-SUMMARY = "run the customer's deployment on real CPU engines here and prove it with the canary"
+SUMMARY = "run the reference deployment on real CPU engines here and prove it with the canary"
 DISTRIBUTION = "mooncake-sandbox"
 MISSING = (
     f"the sandbox is not installed: it is the {DISTRIBUTION} distribution, the folder sandbox/ of the "

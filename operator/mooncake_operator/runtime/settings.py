@@ -17,6 +17,7 @@ import kopf
 import yaml
 
 from mooncake_operator import safe_yaml
+from mooncake_operator.api.admission import refused_node_options
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.network_policy import DEFAULT_OPERATOR_NAMESPACE, REPLICA_INGRESS_DEFAULTS
 from mooncake_operator.canary.defaults import DEFAULT_MAX_METRICS_BODY_BYTES, MAX_BODY_BYTES_LIMIT
@@ -150,24 +151,12 @@ class OperatorSettings:
 
     def refused_options(self, spec: MooncakeServingSpec) -> list[str]:
         """A line per node-level option `spec` asks for that this operator does not allow (nothing is
-        applied for such a resource)."""
-        rdma = spec.store.rdma
-        if rdma is None:
-            return []
-        problems = []
-        if rdma.host_devices and not self.allow_privileged_engines:
-            problems.append(
-                "spec.store.rdma.hostDevices needs a privileged replica container, which this operator "
-                "does not allow (--allow-privileged-engines, chart value operator.allowPrivilegedEngines): "
-                "use store.rdma.resourceName (the RDMA device plugin) or ask the cluster's administrator"
-            )
-        if rdma.host_network and not self.allow_host_network:
-            problems.append(
-                "spec.store.rdma.hostNetwork puts replicas on the node's network, which this operator does "
-                "not allow (--allow-host-network, chart value operator.allowHostNetwork): use "
-                "store.rdma.networks (Multus) or ask the cluster's administrator"
-            )
-        return problems
+        applied for such a resource); `render` refuses the same through the same function."""
+        return refused_node_options(
+            spec,
+            allow_privileged_engines=self.allow_privileged_engines,
+            allow_host_network=self.allow_host_network,
+        )
 
     @property
     def open_http_by_default(self) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from mooncake_operator.api.examples import customer_deployment, customer_deployment_yaml
+from mooncake_operator.api.examples import reference_deployment, reference_deployment_yaml
 from mooncake_operator.api.resource import MooncakeServing, parse_resource
 
 RDMA_EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "minimax-m2.5-eagle3-rdma.yaml"
@@ -17,7 +17,7 @@ OWNER_UID = "5b0c1d7e-0000-4000-8000-000000000001"
 
 
 def example_dict() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(customer_deployment_yaml())
+    loaded: dict[str, Any] = yaml.safe_load(reference_deployment_yaml())
     return loaded
 
 
@@ -91,7 +91,7 @@ def rdma_example() -> MooncakeServing:
 
 
 CASES = {
-    "minimax-m2.5-eagle3": customer_deployment,
+    "minimax-m2.5-eagle3": reference_deployment,
     "small-variant": small_variant,
     "ha-managed-etcd": ha_managed,
     "ha-external-etcd-tls": ha_external_tls,

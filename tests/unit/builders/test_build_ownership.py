@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from mooncake_operator.api.examples import customer_deployment
+from mooncake_operator.api.examples import reference_deployment
 from mooncake_operator.api.group import API_VERSION, KIND
 from mooncake_operator.build.names import owner_reference
 from mooncake_operator.build.ownership import controlled_by, controller_reference, owner_references
@@ -22,7 +22,7 @@ CONTROLLER = {"apiVersion": API_VERSION, "kind": KIND, "name": "chat", "uid": "u
 
 
 def test_the_builders_reference_is_what_the_readers_accept() -> None:
-    resource = customer_deployment()
+    resource = reference_deployment()
     written = child(owner_reference(resource, "u1"))
     assert owner_reference(resource, "u1") == {
         "apiVersion": API_VERSION,

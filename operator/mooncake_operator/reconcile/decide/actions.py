@@ -23,6 +23,7 @@ class ReconcileResult(StrEnum):
     READY = "ready"
     WAITING = "waiting"
     CANARY_FAILED = "canary_failed"
+    CANARY_INCONCLUSIVE = "canary_inconclusive"
     ROLLED_BACK = "rolled_back"
     INVALID = "invalid"
     GONE = "gone"

@@ -291,7 +291,9 @@ def _settled_outcome(
     if revisions.rolled_back:
         return Outcome(ReconcileResult.ROLLED_BACK, message)
     if canary is not None and canary.verdict == "Inconclusive":
-        return Outcome(ReconcileResult.CANARY_FAILED, message, retry_after=timing.inconclusive_retry_seconds)
+        return Outcome(
+            ReconcileResult.CANARY_INCONCLUSIVE, message, retry_after=timing.inconclusive_retry_seconds
+        )
     return Outcome(ReconcileResult.CANARY_FAILED, message)
 
 

@@ -11,7 +11,8 @@ from mooncake_operator.reconcile.decide import conditions as cond
 from mooncake_operator.reconcile.decide.conditions import ConditionState, Reason
 from mooncake_operator.reconcile.decide.observe import Observation
 
-WARNING_PHASES: frozenset[Phase] = frozenset({"Invalid", "CanaryFailed", "Degraded"})
+# An inconclusive canary is a warning too (new pods stay out of traffic), though it needs no one to act.
+WARNING_PHASES: frozenset[Phase] = frozenset({"Invalid", "CanaryFailed", "CanaryInconclusive", "Degraded"})
 WARNING_REASONS = frozenset({Reason.ROLLING_BACK.value, Reason.ROLLED_BACK.value, Reason.APPLY_FAILED.value})
 
 
@@ -213,6 +214,13 @@ def settled(
     held = " Replicas that failed are out of the client Service." if on_failure == "Hold" else ""
     if revisions.rollback_refused:
         held += f" Rollback refused: {revisions.rollback_refused}."
+    if canary_state.reason is Reason.CANARY_INCONCLUSIVE:
+        # Retried by the operator after --inconclusive-retry-seconds: its own phase, never CanaryFailed.
+        retried = " Run again by the operator; unproven pods stay out of the client Service."
+        message = canary_state.message + retried
+        return PhaseAndConditions(
+            "CanaryInconclusive", {**conditions, cond.READY: cond.false(canary_state.reason, message)}
+        )
     return PhaseAndConditions(
         "CanaryFailed",
         {**conditions, cond.READY: cond.false(canary_state.reason, canary_state.message + held)},
