@@ -581,14 +581,17 @@ async def test_status_subresource_and_printer_columns(
     kube: KubeClient, kube_cluster: ControlPlane, namespace: str, crd_installed: Manifest
 ) -> None:
     columns = crd_installed["spec"]["versions"][0]["additionalPrinterColumns"]
-    assert [(c["name"], c["type"], c["jsonPath"]) for c in columns] == [
-        ("Phase", "string", ".status.phase"),
-        ("Canary", "string", ".status.canary.verdict"),
-        ("ExtHit", "integer", ".status.canary.externalHitTokens"),
-        ("Serving", "integer", ".status.traffic.serving"),
-        ("Candidate", "string", ".status.rollout.candidatePhase"),
-        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
-        ("Age", "date", ".metadata.creationTimestamp"),
+    assert [(c["name"], c["type"], c["jsonPath"], c.get("priority", 0)) for c in columns] == [
+        ("Model", "string", ".spec.model.name", 0),
+        ("Ready-Replicas", "integer", ".status.replicas.ready", 0),
+        ("Desired", "integer", ".status.replicas.desired", 0),
+        ("Phase", "string", ".status.phase", 0),
+        ("Canary", "string", ".status.canary.verdict", 0),
+        ("ExtHit", "integer", ".status.canary.externalHitTokens", 1),
+        ("Serving", "integer", ".status.traffic.serving", 0),
+        ("Candidate", "string", ".status.rollout.candidatePhase", 1),
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status', 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
     example = customer_example(namespace)
     name = example["metadata"]["name"]
@@ -652,12 +655,27 @@ async def test_status_subresource_and_printer_columns(
 
     table = table_of(kube_cluster, namespace, name)
     headers = [c["name"] for c in table["columnDefinitions"]]
-    assert headers == ["Name", "Phase", "Canary", "ExtHit", "Serving", "Candidate", "Ready", "Age"]
+    assert headers == [
+        "Name",
+        "Model",
+        "Ready-Replicas",
+        "Desired",
+        "Phase",
+        "Canary",
+        "ExtHit",
+        "Serving",
+        "Candidate",
+        "Ready",
+        "Age",
+    ]
+    wide = {c["name"] for c in table["columnDefinitions"] if c.get("priority")}
+    assert wide == {"ExtHit", "Candidate"}  # kubectl shows them with -o wide
     (row,) = table["rows"]
     cells = dict(zip(headers, row["cells"], strict=True))
     assert cells["Name"] == name
-    shown = ("Phase", "Canary", "ExtHit", "Serving", "Candidate", "Ready")
-    assert tuple(cells[column] for column in shown) == ("Ready", "Passed", 128, 2, "Held", "True")
+    assert cells["Model"] == example["spec"]["model"]["name"]
+    shown = ("Ready-Replicas", "Desired", "Phase", "Canary", "ExtHit", "Serving", "Candidate", "Ready")
+    assert tuple(cells[column] for column in shown) == (2, 2, "Ready", "Passed", 128, 2, "Held", "True")
     assert isinstance(cells["Age"], str) and cells["Age"], cells
 
 

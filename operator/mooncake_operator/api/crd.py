@@ -62,6 +62,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "integer",
         "description": "External prefix-cache hit tokens of the last canary run",
         "jsonPath": ".status.canary.externalHitTokens",
+        "priority": 1,  # kubectl get -o wide
     },
     {
         "name": "Serving",
@@ -74,6 +75,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "type": "string",
         "description": "BlueGreen: the candidate replica set's phase (Deploying, Canary, Inconclusive, Held)",
         "jsonPath": ".status.rollout.candidatePhase",
+        "priority": 1,
     },
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
