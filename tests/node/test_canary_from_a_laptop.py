@@ -107,7 +107,10 @@ def test_canary_resource_from_outside_through_the_pods_proxy(
     refused = canary(kubeconfig)
     assert refused.returncode == 3, refused.stderr
     assert "pods/proxy" in refused.stderr and f"namespace {NAMESPACE}" in refused.stderr, refused.stderr
-    assert refused.stdout == "", "nothing may be judged without the rights"
+    # Nothing is judged without the rights: --json prints the setup error, no verdict.
+    error = json.loads(refused.stdout)
+    assert error["exitCode"] == 3 and error["error"]["kind"] == "setup", error
+    assert "verdict" not in error and "pods/proxy" in error["error"]["message"], error
 
     rule = {"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get", "create"]}
     patch = json.dumps([{"op": "add", "path": "/rules/-", "value": rule}])
