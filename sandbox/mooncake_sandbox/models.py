@@ -145,7 +145,7 @@ class ReasoningTarget:
         return (
             f"reasoning variant of the target ({self.path.name}): template opens <think>, the model writes "
             f"</think> (id {self.think_end_id}) then answers; {self.probe_reasoning_tokens} reasoning tokens "
-            "on the customer's request (sandbox only)"
+            "on the reference request (sandbox only)"
         )
 
 
