@@ -13,18 +13,21 @@ does the same:
 - its tokenizer is trained as the tiny target's, with `<think>` and `</think>` as single tokens of the
   vocabulary (ids 3 and 4; not special, so they stay in the text without a parser, like MiniMax's);
 - its chat template ends the generation prompt with `<think>\\n`;
-- its weights are the tiny target's revision 1 (the same seeded draws), with one change in `lm_head`:
-  `</think>` takes over the row of one ordinary token X, whose own row becomes zero. The model therefore
-  writes `</think>` exactly where it would have written X, and never writes X. `<think>` is silent, as
-  the special tokens are.
+- its weights are the tiny target's revision 1 (the same seeded draws) but for two rows of `lm_head`:
+  `<think>`'s is zero (never written, like the special tokens) and `</think>`'s is a scaled unit
+  direction d. Its logit is then `scale * (h . d)` for the final hidden state h, a score every step
+  has: the model writes `</think>` at the first step where that score beats the greedy token's logit,
+  and again wherever it does later.
 
-X is chosen on the probe request (the customer's conversation, PROBE_REQUEST_JSON: the sandbox passes
-it), by greedy decoding with transformers on this machine's CPU: the token at the latest step k in
-[MIN_REASONING, MAX_REASONING] that is the first occurrence of its token, that lies before the probe's
-first near tie (a top-2 gap under SAFE_GAP_NATS, where another engine's numerics could pick another
-token), and after which `</think>` appears exactly once in the probe's answer. So on the probe the
-reasoning is k tokens long and the answer follows within the request's budget; other prompts end their
-reasoning wherever the model would have written X (a short budget may end inside it, which is what a
+d and the scale are chosen on the probe request (the reference conversation, PROBE_REQUEST_JSON: the
+sandbox passes it) by greedy decoding with transformers on the CPU, in bf16 as the engine runs: d is the
+prompt's mean hidden state (every hidden state leans on it, so the score is positive at every step), or
+that tilted by one of a few seeded random vectors; the scale puts the first win at a step k in
+[MIN_REASONING, MAX_REASONING] with the widest margin, at least MIN_MARGIN, over k's own threshold and
+every earlier step's. The stored bf16 row is checked to do the same. k is early on purpose: another
+engine's kernels follow the same greedy path only so far (vLLM CPU first left transformers' at step 21
+of the reference request), and a margin of 15% is far above their numeric noise. Other prompts end
+their reasoning wherever their score first wins; a short budget may end inside it (which is what a
 reasoning model's canary must cope with). Same inputs, byte-identical output; the choice is written to
 OUTPUT_DIR/reasoning.json.
 """
@@ -32,9 +35,11 @@ OUTPUT_DIR/reasoning.json.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,13 +58,16 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}"
 )
-# Reasoning length on the probe, in tokens: beyond the default suite's 32-token budget when it can be
-# (those answers then end inside the reasoning), inside the customer's 80 (its answer is reached).
+# Reasoning length on the probe, in tokens: a few words of reasoning, early enough that another engine
+# is still on transformers' greedy path (see above).
 MIN_REASONING = 8
-MAX_REASONING = 48
-# A top-2 logit gap under this is a near tie another engine's kernels may break the other way: the
-# logits are bf16, one step of which is 0.031 nat at their magnitude (2-8 nats).
-SAFE_GAP_NATS = 0.04
+MAX_REASONING = 16
+# `</think>` must outscore the greedy token at its step, and fall short at every earlier one, by this
+# factor at least: a near tie another engine's bf16 kernels could break the other way is no choice (the
+# top logits are 3-6 nats; 15% of them is 0.45-0.9 nat, where the engines' noise is a few hundredths).
+MIN_MARGIN = 1.15
+DIRECTIONS = 16
+TILT = 0.5
 REPORT = "reasoning.json"
 
 
@@ -111,11 +119,9 @@ def base_weights() -> dict[str, torch.Tensor]:
     return tensors
 
 
-def hand_over(tensors: dict[str, torch.Tensor], token: int) -> dict[str, torch.Tensor]:
-    """`</think>` takes `token`'s lm_head row, `token` gets a zero one."""
+def with_think_end_row(tensors: dict[str, torch.Tensor], row: torch.Tensor) -> dict[str, torch.Tensor]:
     head = tensors["lm_head.weight"].clone()
-    head[THINK_END_ID] = head[token]
-    head[token] = 0
+    head[THINK_END_ID] = row.to(head.dtype)
     return {**tensors, "lm_head.weight": head}
 
 
@@ -125,6 +131,17 @@ def write(directory: Path, tokenizer: Tokenizer, tensors: dict[str, torch.Tensor
     tiny.write_json(directory / "tokenizer_config.json", tokenizer_config())
     tokenizer.save(str(directory / "tokenizer.json"))
     save_file(tensors, str(directory / "model.safetensors"))
+
+
+@dataclass
+class Trace:
+    """One greedy decoding of the probe: per answer step the token, the top logit and the final hidden
+    state (the RMSNorm output `lm_head` multiplies); and the mean hidden state over the prompt."""
+
+    answer: list[int]
+    top_logits: list[float]
+    hidden: list[torch.Tensor]
+    prompt_mean: torch.Tensor
 
 
 class Probe:
@@ -139,51 +156,90 @@ class Probe:
         )
         if not rendered.endswith(f"assistant\n{THINK_START}\n"):
             raise SystemExit(f"the chat template does not open the think block: {rendered[-40:]!r}")
+        self.directory = directory
         self.prompt: list[int] = tokenizer(rendered, add_special_tokens=False)["input_ids"]
         self.max_tokens = int(request["max_tokens"])
 
-    def run(self, directory: Path, tensors: dict[str, torch.Tensor]) -> tuple[list[int], list[float]]:
-        """The greedy answer's token ids and the top-2 logit gap at each of its steps."""
+    def run(self, tensors: dict[str, torch.Tensor]) -> Trace:
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        config = LlamaConfig.from_pretrained(str(directory))
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = LlamaForCausalLM(LlamaConfig.from_pretrained(str(self.directory))).to(torch.bfloat16).eval()
         model.load_state_dict(tensors)
+        normed: list[torch.Tensor] = []
+        model.model.norm.register_forward_hook(lambda _module, _inputs, output: normed.append(output[0]))
         ids = list(self.prompt)
-        answer: list[int] = []
-        gaps: list[float] = []
+        trace = Trace(answer=[], top_logits=[], hidden=[], prompt_mean=torch.zeros(0))
         with torch.no_grad():
             for _ in range(self.max_tokens):
+                normed.clear()
                 logits = model(torch.tensor([ids])).logits[0, -1].float()
-                top = torch.topk(logits, 2)
-                answer.append(int(top.indices[0]))
-                gaps.append(float(top.values[0] - top.values[1]))
-                ids.append(answer[-1])
-        return answer, gaps
+                if not trace.answer:
+                    trace.prompt_mean = normed[-1].float().mean(dim=0)
+                trace.answer.append(int(logits.argmax()))
+                trace.top_logits.append(float(logits.max()))
+                trace.hidden.append(normed[-1][-1].float())
+                ids.append(trace.answer[-1])
+        return trace
 
 
-def choose_handover(probe: Probe, directory: Path, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The token X whose row `</think>` takes, and where the probe's reasoning then ends."""
-    answer, gaps = probe.run(directory, tensors)
-    safe = next((step for step, gap in enumerate(gaps) if gap < SAFE_GAP_NATS), len(gaps))
-    last = min(MAX_REASONING, safe - 1, len(answer) - 2)  # at least one answer token after `</think>`
-    for step in range(last, MIN_REASONING - 1, -1):
-        token = answer[step]
-        if token in answer[:step]:
-            continue
-        handed, _ = probe.run(directory, hand_over(tensors, token))
-        ends_once = handed.count(THINK_END_ID) == 1
-        if handed[:step] == answer[:step] and handed[step] == THINK_END_ID and ends_once:
-            return {
-                "handed_over_token_id": token,
+def scales_to_win(trace: Trace, direction: torch.Tensor) -> list[float]:
+    """Per step, the scale of `direction` from which a `</think>` row of it outscores the greedy token."""
+    scales = []
+    for top, hidden in zip(trace.top_logits, trace.hidden, strict=True):
+        along = float(hidden @ direction)
+        scales.append(top / along if along > 0 and top > 0 else math.inf)
+    return scales
+
+
+def directions(trace: Trace) -> list[torch.Tensor]:
+    """Unit directions to try: the prompt's mean hidden state (every step's hidden state leans on it), then
+    the same tilted by seeded random unit vectors."""
+    mean = trace.prompt_mean / trace.prompt_mean.norm()
+    generator = torch.Generator().manual_seed(tiny.SEED + 7)
+    tilted = []
+    for _ in range(DIRECTIONS - 1):
+        noise = torch.randn(mean.shape[0], generator=generator)
+        mixed = mean + TILT * noise / noise.norm()
+        tilted.append(mixed / mixed.norm())
+    return [mean, *tilted]
+
+
+def choose_think_end_row(
+    probe: Probe, tensors: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """`</think>`'s lm_head row: the direction and scale that make it the greedy token first at a step k in
+    [MIN_REASONING, MAX_REASONING] of the probe, by the widest margin over every earlier step."""
+    trace = probe.run(tensors)
+    # (margin, direction index, step, scale): the scale sits midway (geometrically) between the step's
+    # own threshold and the lowest earlier one, so both sides keep the same factor.
+    candidates: list[tuple[float, int, int, float]] = []
+    units = directions(trace)
+    for index, direction in enumerate(units):
+        scales = scales_to_win(trace, direction)
+        for step in range(MIN_REASONING, min(MAX_REASONING, len(scales) - 2) + 1):
+            earlier = min(scales[:step])
+            if scales[step] < earlier:
+                margin = earlier / scales[step]
+                candidates.append((margin, index, step, scales[step] * math.sqrt(margin)))
+    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+    for margin, index, step, scale in candidates:
+        if margin < MIN_MARGIN:
+            break
+        row = (units[index] * scale).to(torch.bfloat16)
+        answer = probe.run(with_think_end_row(tensors, row)).answer
+        # The stored bf16 row must do what the float one promised: the first `</think>` at `step`.
+        if THINK_END_ID in answer and answer.index(THINK_END_ID) == step:
+            return row, {
+                "direction": index,
+                "scale": scale,
+                "margin": margin,
                 "probe_reasoning_tokens": step,
-                "probe_answer_tokens": len(handed) - step - 1,
+                "probe_think_ends": answer.count(THINK_END_ID),
                 "probe_prompt_tokens": len(probe.prompt),
-                "probe_min_gap_nats_before_end": min(gaps[: step + 1]),
             }
     raise SystemExit(
-        f"no token of the probe's greedy answer between steps {MIN_REASONING} and {last} can end the "
-        f"reasoning exactly once (first near tie at step {safe}); change MIN_REASONING or the seed"
+        f"no direction makes `</think>` first win between answer steps {MIN_REASONING} and {MAX_REASONING} "
+        f"of the probe by a factor of {MIN_MARGIN}; change the bounds or the seed"
     )
 
 
@@ -194,9 +250,9 @@ def generate(output: Path, request: dict[str, Any]) -> dict[str, Any]:
     tensors = base_weights()
     write(staging, tokenizer, tensors)
     probe = Probe(staging, request)
-    report = choose_handover(probe, staging, tensors)
+    row, report = choose_think_end_row(probe, tensors)
     report.update({"think_start_id": THINK_START_ID, "think_end_id": THINK_END_ID})
-    save_file(hand_over(tensors, report["handed_over_token_id"]), str(staging / "model.safetensors"))
+    save_file(with_think_end_row(tensors, row), str(staging / "model.safetensors"))
     tiny.write_json(staging / REPORT, report)
     staging.rename(output)
     return report

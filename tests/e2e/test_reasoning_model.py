@@ -123,21 +123,20 @@ def cold_answers(result: CanaryResult) -> dict[str, tuple[str | None, str | None
 
 
 def assert_split_by_the_parser(result: CanaryResult) -> None:
-    """Every answer starts in the reasoning; the customer's request (80 tokens) reaches its answer."""
+    """Every answer starts in the reasoning; the reference request (80 tokens) reaches its answer."""
     answers = cold_answers(result)
     for name, (reasoning, content) in answers.items():
         assert reasoning, (name, content)
         assert THINK_END not in reasoning, name
-        assert content is None or THINK_END not in content, name
     reasoning, content = answers["request"]
-    assert content, f"the customer's request must reach its answer after {THINK_END}: {reasoning!r}"
+    assert content, f"the reference request must reach its answer after {THINK_END}: {reasoning!r}"
     # Whichever suite answers ended inside their reasoning (content null) were judged, not malformed.
     ended_in_reasoning = [name for name, (_, content) in answers.items() if content is None]
     print(f"answers whose budget ended inside the reasoning (content null): {ended_in_reasoning}")
 
 
 def assert_unsplit(result: CanaryResult) -> None:
-    """Without a parser the reasoning stays in the content: `…</think>answer` on the customer's request."""
+    """Without a parser the reasoning stays in the content: `…</think>answer` on the reference request."""
     answers = cold_answers(result)
     for name, (reasoning, content) in answers.items():
         assert reasoning is None and content is not None, name

@@ -261,8 +261,7 @@ rendered = tokenizer.apply_chat_template(request["messages"], add_generation_pro
 ids = tokenizer.encode("x</think>y<think>z", add_special_tokens=False)
 weights, base = load_file(str(target / "model.safetensors")), load_file(str(plain / "model.safetensors"))
 head, base_head = weights["lm_head.weight"], base["lm_head.weight"]
-handed = facts["handed_over_token_id"]
-answer, _ = reasoning_model.Probe(target, request).run(target, weights)
+answer = reasoning_model.Probe(target, request).run(weights).answer
 parser = ReasoningParserManager.get_reasoning_parser("minimax_m2")(tokenizer)
 reasoning, content = parser.extract_reasoning(
     tokenizer.decode(answer, skip_special_tokens=True), ChatCompletionRequest(**request)
@@ -275,9 +274,7 @@ print(json.dumps({
     "same_but_lm_head": sorted(n for n in base if n != "lm_head.weight" and torch.equal(base[n], weights[n])),
     "names": sorted(weights),
     "zero_rows": [i for i in range(head.shape[0]) if head[i].abs().sum() == 0],
-    "think_end_row_is_handed_row": bool(torch.equal(head[4], base_head[handed])),
-    "other_rows_unchanged": bool(torch.equal(head[5:][torch.arange(5, head.shape[0]) != handed],
-                                             base_head[5:][torch.arange(5, head.shape[0]) != handed])),
+    "other_rows_unchanged": bool(torch.equal(head[5:], base_head[5:])),
     "answer": answer,
     "reasoning": reasoning,
     "content": content,
@@ -311,13 +308,15 @@ def test_the_reasoning_target_thinks_then_answers_for_vllms_minimax_m2_parser(en
     assert facts["text"] == "x</think>y<think>z"
     # Every tensor but lm_head is the plain target's (revision 1's seeded draws).
     assert facts["same_but_lm_head"] == [name for name in facts["names"] if name != "lm_head.weight"]
-    handed = report["handed_over_token_id"]
-    assert handed >= 5 and facts["zero_rows"] == sorted([0, 1, 2, 3, handed])
-    assert facts["think_end_row_is_handed_row"] and facts["other_rows_unchanged"]
-    # On the customer's request: reasoning of the reported length, `</think>` once, then an answer.
+    # `<think>` is silent like the special tokens; `</think>` has a row of its own, every other row is
+    # the plain target's.
+    assert facts["zero_rows"] == [0, 1, 2, 3] and facts["other_rows_unchanged"]
+    assert report["margin"] >= 1.15
+    # On the reference request: reasoning of the reported length, then `</think>` and an answer, which
+    # vLLM's parser splits at that first `</think>`.
     steps = report["probe_reasoning_tokens"]
-    assert steps == target.probe_reasoning_tokens and 8 <= steps <= 48
+    assert steps == target.probe_reasoning_tokens and 8 <= steps <= 16
     answer = facts["answer"]
-    assert answer.index(4) == steps and answer.count(4) == 1 and handed not in answer
+    assert answer.index(4) == steps and answer.count(4) == report["probe_think_ends"]
     assert facts["reasoning"] and facts["content"]
-    assert "</think>" not in facts["reasoning"] + facts["content"]
+    assert "</think>" not in facts["reasoning"]
