@@ -139,7 +139,7 @@ class ReasoningTarget:
 
     path: Path  # its own basename: the store never mixes its blocks with the plain target's
     think_end_id: int
-    probe_reasoning_tokens: int  # where the customer's request ends its reasoning (greedy, transformers)
+    probe_reasoning_tokens: int  # where the reference request ends its reasoning (greedy, transformers)
 
     def describe(self) -> str:
         return (

@@ -463,6 +463,9 @@ class Sandbox:
             wanted.update({i: bound for i, bound in perturb_nats.items() if i in wanted})
         elif not isinstance(perturb_nats, Keep):
             wanted = dict.fromkeys(wanted, perturb_nats)
+        if self.options.reasoning_model and any(bound is not None for bound in wanted.values()):
+            # Refused before anything stops: the replicas keep serving as they were.
+            raise ValueError("the perturbed target is a copy of the plain target, not of the reasoning one")
         for replica in chosen:
             bound = wanted[replica.index]
             replica.perturb_nats = None if bound is None else check_bound(bound)

@@ -555,6 +555,12 @@ async def test_reasoning_replicas_serve_the_reasoning_target_with_and_without_a_
         assert sandbox.key_namespace(replica_b) == namespace
         assert (replica_a.reasoning_parser, replica_b.reasoning_parser) == ("minimax_m2", None)
 
+        # A perturbed copy exists of the plain target only: refused before any replica stops.
+        with pytest.raises(ValueError, match="not of the reasoning one"):
+            await sandbox.restart_replica(1, perturb_nats=0.2)
+        assert replica_b.process is not None and replica_b.process.exit_code() is None
+        assert replica_b.perturb_nats is None and len(_recorded(records, replica_b.port)) == 3
+
 
 @pytest.mark.parametrize("name", ["", "MiniMax", "minimax_m2 --trust-remote-code", "-x", "a" * 65])
 def test_a_reasoning_parser_is_one_parser_name(name: str) -> None:
