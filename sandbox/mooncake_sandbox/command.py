@@ -4,6 +4,7 @@
     mooncake-operator sandbox --master-ha [--no-oplog]   # etcd + 3 masters; the leader is killed mid-run
     mooncake-operator sandbox --scenario revision-change [--store-isolation on|off]
     mooncake-operator sandbox --perturb-reader 0.2   # replica B's logits move by <= 0.2 nats (GPU-like drift)
+    mooncake-operator sandbox --reasoning-model [--reasoning-parser minimax_m2]   # thinks, then answers
     mooncake-operator sandbox prepare      # engine venv, tiny models, engine overlays; nothing started
 
 `run` (the default) prepares what is missing (the only step that needs the network), re-executes itself
@@ -62,7 +63,7 @@ from mooncake_sandbox.engine_env import ensure_engine_wheels
 from mooncake_sandbox.failover import FailoverReport, prove_failover, wait_for_a_warm_load
 from mooncake_sandbox.ha import LeaderChange, redo_after_unplanned_leader_changes
 from mooncake_sandbox.revision_change import RevisionChangeReport, prove_revision_change
-from mooncake_sandbox.runtime import MAX_REPLICAS
+from mooncake_sandbox.runtime import MAX_REPLICAS, check_reasoning_parser
 
 HA_MASTERS = 3
 T = TypeVar("T")
@@ -166,6 +167,19 @@ def register(subparsers: Any) -> None:
         help="replica B serves a copy of the target whose logits move by at most NATS (its lm_head plus "
         "bounded seeded noise; KV unchanged): a benign numeric divergence like another GPU's, sandbox only",
     )
+    parser.add_argument(
+        "--reasoning-model",
+        action="store_true",
+        help="the replicas serve the tiny target's reasoning variant: its template opens <think>, the model "
+        "writes </think> and then its answer, as MiniMax-M2.5 does (sandbox only)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        metavar="NAME",
+        help="with --reasoning-model: `--reasoning-parser NAME` in every replica's engine.extraArgs "
+        "(e.g. minimax_m2: vLLM splits each answer into reasoning and content)",
+    )
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
     parser.add_argument(
         "--keep-logs", action="store_true", help="keep the run directory (logs, store configs) on success too"
@@ -215,6 +229,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.perturb_reader is not None and args.scenario == REVISION_CHANGE:
         log("setup error: --perturb-reader applies to the canary scenario (it perturbs a copy of revision 1)")
         return ExitCode.USAGE_OR_ENVIRONMENT
+    problem = _reasoning_problem(args)
+    if problem is not None:
+        log(f"setup error: {problem}")
+        return ExitCode.USAGE_OR_ENVIRONMENT
     signal.signal(signal.SIGTERM, _terminate)
     try:
         # Outside the namespace: the first run installs packages.
@@ -248,8 +266,25 @@ def _run(args: argparse.Namespace) -> int:
         enable_oplog=not args.no_oplog,
         store_isolation=args.store_isolation == "on",
         perturb_nats=args.perturb_reader,
+        reasoning_model=args.reasoning_model,
+        reasoning_parser=args.reasoning_parser,
     )
     return run_sandbox(options, prepared, as_json=args.json, isolated=isolated, scenario=args.scenario)
+
+
+def _reasoning_problem(args: argparse.Namespace) -> str | None:
+    """Why the reasoning options cannot run as given, or None."""
+    if args.reasoning_parser is not None and not args.reasoning_model:
+        return "--reasoning-parser needs --reasoning-model (the plain tiny target never ends a reasoning)"
+    if args.reasoning_model and args.perturb_reader is not None:
+        return "--perturb-reader perturbs a copy of the plain target; drop it or --reasoning-model"
+    if args.reasoning_model and args.scenario == REVISION_CHANGE:
+        return "--reasoning-model applies to the canary scenario (the reasoning target has one revision)"
+    try:
+        check_reasoning_parser(args.reasoning_parser)
+    except ValueError as error:
+        return f"--reasoning-parser: {error}"
+    return None
 
 
 def _enter_private_netns() -> bool:
@@ -273,6 +308,8 @@ def run_sandbox(
     outcome["scenario"] = scenario
     outcome["store_isolation"] = options.store_isolation
     outcome["speculative"] = options.speculative
+    if options.reasoning_model:
+        outcome["reasoning_model"] = {"reasoning_parser": options.reasoning_parser}
     if options.perturb_nats is not None:
         outcome["perturbed_reader"] = {
             "bound_nats": options.perturb_nats,

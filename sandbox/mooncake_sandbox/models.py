@@ -1,7 +1,8 @@
 """The tiny target and Eagle-3 draft, generated once per generator version and cached.
 
 The cache directory is named by the hash of `tiny_models.py`, so editing the generator gives a new
-model set and never reuses stale weights.
+model set and never reuses stale weights. Derived models (the perturbed target, the reasoning target)
+live under it, keyed by their own generator's hash and inputs.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from mooncake_operator.canary.request import reference_request
 from mooncake_sandbox.engine_env import EngineEnv, Log
 from mooncake_sandbox.errors import SandboxSetupError
 
 GENERATOR = Path(__file__).with_name("tiny_models.py")
 PERTURBATION_GENERATOR = Path(__file__).with_name("perturbed_model.py")
+REASONING_GENERATOR = Path(__file__).with_name("reasoning_model.py")
 TARGET_REVISIONS = (1, 2)  # tiny_models.REVISIONS (the generator runs in the engine venv, not imported)
 
 
@@ -126,4 +129,60 @@ def ensure_perturbed_target(
         bound_nats=float(facts["bound_nats"]),
         effective_bound_nats=float(facts["effective_bound_nats"]),
         typical_move_nats=float(facts["typical_move_nats"]),
+    )
+
+
+@dataclass(frozen=True)
+class ReasoningTarget:
+    """The tiny target's reasoning variant (reasoning_model.py): its chat template opens `<think>`, the
+    model writes `</think>` and then its answer, as MiniMax-M2.5 does for vLLM's `minimax_m2` parser."""
+
+    path: Path  # its own basename: the store never mixes its blocks with the plain target's
+    think_end_id: int
+    probe_reasoning_tokens: int  # where the reference request ends its reasoning (greedy, transformers)
+
+    def describe(self) -> str:
+        return (
+            f"reasoning variant of the target ({self.path.name}): template opens <think>, the model writes "
+            f"</think> (id {self.think_end_id}) then answers; {self.probe_reasoning_tokens} reasoning tokens "
+            "on the reference request (sandbox only)"
+        )
+
+
+def probe_request_json() -> str:
+    """The request the reasoning generator sizes the reasoning on: the reference request (canary/request.py)."""
+    return json.dumps(reference_request(), sort_keys=True)
+
+
+def reasoning_dir(models: TinyModels) -> Path:
+    """Cached per (tiny models, reasoning generator version, probe request)."""
+    hasher = hashlib.sha256(REASONING_GENERATOR.read_bytes())
+    hasher.update(probe_request_json().encode())
+    return models.root / "reasoning" / hasher.hexdigest()[:16] / "reasoning-target"
+
+
+def ensure_reasoning_target(env: EngineEnv, models: TinyModels, *, log: Log) -> ReasoningTarget:
+    """The reasoning variant of the tiny target, generated once with the engine's python (~15 s)."""
+    path = reasoning_dir(models)
+    report = path / "reasoning.json"
+    if not report.exists():
+        log(f"generating the tiny reasoning target into {path}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        result = subprocess.run(
+            [str(env.python), str(REASONING_GENERATOR), str(path), probe_request_json()],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            tail = "\n".join(result.stdout.splitlines()[-30:])
+            raise SandboxSetupError(
+                f"generating the tiny reasoning target failed (exit {result.returncode}):\n{tail}"
+            )
+    facts = json.loads(report.read_text())
+    return ReasoningTarget(
+        path=path,
+        think_end_id=int(facts["think_end_id"]),
+        probe_reasoning_tokens=int(facts["probe_reasoning_tokens"]),
     )

@@ -13,9 +13,11 @@ Ctrl-C or SIGTERM), leaving the context stops every process the sandbox started.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -52,9 +54,11 @@ from mooncake_sandbox.errors import MasterDownError, ReplicaDiedError, SandboxSe
 from mooncake_sandbox.ha import HaMasters, start_ha_masters
 from mooncake_sandbox.models import (
     PerturbedTarget,
+    ReasoningTarget,
     TinyModels,
     check_bound,
     ensure_perturbed_target,
+    ensure_reasoning_target,
     ensure_tiny_models,
 )
 from mooncake_sandbox.processes import ManagedProcess, free_port, stop_processes, tree_rss_bytes
@@ -128,6 +132,12 @@ class SandboxOptions:
     # `perturb_nats` (perturbed_model.py): a benign numeric divergence, as between two GPUs.
     perturb_nats: float | None = None
     perturbed: tuple[int, ...] = (1,)
+    # Sandbox only: every replica serves the target's reasoning variant (reasoning_model.py), which opens
+    # a think block and writes `</think>` before its answer, as MiniMax-M2.5 does.
+    reasoning_model: bool = False
+    # Production's knob, through spec.engine.extraArgs: `--reasoning-parser NAME` on every replica (None:
+    # no parser; the answer's content then holds `…</think>answer`).
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -141,6 +151,16 @@ class SandboxOptions:
                 )
         if self.ha_masters == 1 or self.ha_masters < 0:
             raise ValueError(f"ha_masters must be 0 (one plain master) or at least 2, got {self.ha_masters}")
+        if self.reasoning_model and self.perturb_nats is not None:
+            raise ValueError("the perturbed target is a copy of the plain target, not of the reasoning one")
+        check_reasoning_parser(self.reasoning_parser)
+
+
+def check_reasoning_parser(name: str | None) -> str | None:
+    """A parser name as vLLM registers them (`minimax_m2`, `qwen3`, ...): one word, no option smuggled in."""
+    if name is not None and not re.fullmatch(r"[a-z0-9][a-z0-9_.-]{0,63}", name):
+        raise ValueError(f"a reasoning parser is a vLLM parser name such as minimax_m2, got {name!r}")
+    return name
 
 
 @dataclass(frozen=True)
@@ -151,29 +171,40 @@ class Prepared:
     env: EngineEnv
     models: TinyModels
     builds: Mapping[EngineMode, EngineBuild]
+    reasoning: ReasoningTarget | None = None  # generated on demand when a sandbox needs it
 
 
 def prepare(engines: tuple[EngineMode, ...], *, log: Log, cache: Path | None = None) -> Prepared:
-    """Engine venv, tiny models and engine overlays: the only step that may need the network."""
+    """Engine venv, tiny models (the reasoning variant too) and engine overlays: the only step that may
+    need the network."""
     root = cache if cache is not None else cache_root()
     env = ensure_engine_env(root, log=log)
     models = ensure_tiny_models(env, root, log=log)
+    reasoning = ensure_reasoning_target(env, models, log=log)
     builds = {mode: prepare_engine(env, mode, root, log=log) for mode in engines}
-    return Prepared(cache=root, env=env, models=models, builds=builds)
+    return Prepared(cache=root, env=env, models=models, builds=builds, reasoning=reasoning)
 
 
 def sandbox_spec(
-    *, speculative: bool, revision: int = 1, store_isolation: bool = True
+    *,
+    speculative: bool,
+    revision: int = 1,
+    store_isolation: bool = True,
+    reasoning_parser: str | None = None,
 ) -> MooncakeServingSpec:
     """The reference deployment's spec; without its speculative config for `--no-speculative`.
 
     Revision 2 stands for a rollout of new weights: the spec's model.revision changes (so does the
-    KV fingerprint), and the replica loads the tiny target's second revision."""
+    KV fingerprint), and the replica loads the tiny target's second revision. A reasoning parser goes
+    where a user puts it, spec.engine.extraArgs (it does not change the KV: same fingerprint)."""
     spec = reference_deployment().spec
     master = spec.store.master.model_copy(update=SANDBOX_MASTER_TIMING)
     updates: dict[str, Any] = {
         "store": spec.store.model_copy(update={"isolate_revisions": store_isolation, "master": master}),
     }
+    if check_reasoning_parser(reasoning_parser) is not None:
+        extra_args = [*spec.engine.extra_args, "--reasoning-parser", reasoning_parser]
+        updates["engine"] = spec.engine.model_copy(update={"extra_args": extra_args})
     if not speculative:
         updates["speculative"] = None
     if revision != 1:
@@ -207,10 +238,16 @@ def substitutions_for(
     speculative: bool,
     revision: int = 1,
     perturbed: PerturbedTarget | None = None,
+    reasoning: ReasoningTarget | None = None,
 ) -> SandboxSubstitutions:
     if perturbed is not None and revision != 1:
         raise ValueError("the perturbed target is a copy of revision 1")
-    target = perturbed.path if perturbed is not None else models.target_for(revision)
+    if reasoning is not None and (revision != 1 or perturbed is not None):
+        raise ValueError("the reasoning target has one revision and no perturbed copy")
+    if reasoning is not None:
+        target = reasoning.path
+    else:
+        target = perturbed.path if perturbed is not None else models.target_for(revision)
     return SandboxSubstitutions(
         model_path=str(target),
         draft_model_path=str(models.draft) if speculative else None,
@@ -240,6 +277,7 @@ class Replica:
     speculative: bool
     revision: int = 1  # of the tiny target's weights (TinyModels.target_for)
     perturb_nats: float | None = None  # serves the perturbed target (SandboxOptions.perturb_nats)
+    reasoning_parser: str | None = None  # `--reasoning-parser` in its spec's engine.extraArgs
     process: ManagedProcess | None = None
     launch: EngineLaunch | None = None
     restarts: int = 0
@@ -304,6 +342,7 @@ class Sandbox:
             speculative=replica.speculative,
             revision=replica.revision,
             store_isolation=self.options.store_isolation,
+            reasoning_parser=replica.reasoning_parser,
         )
 
     def key_namespace(self, replica: Replica) -> str:
@@ -316,7 +355,12 @@ class Sandbox:
         """What the sandbox runs differently from production, and which engine code each replica runs."""
         speculative = any(replica.speculative for replica in self.replicas) or self.options.speculative
         spec = sandbox_spec(speculative=speculative)
-        lines = describe_substitutions(spec, substitutions_for(self.prepared.models, speculative=speculative))
+        substitutions = substitutions_for(
+            self.prepared.models, speculative=speculative, reasoning=self._reasoning_target()
+        )
+        lines = describe_substitutions(spec, substitutions)
+        if self.options.reasoning_model:
+            lines.append(self._reasoning_target_or_fail().describe())
         if self.ha is None:
             lines += [f"host: 0.0.0.0 -> {LOOPBACK} (ports chosen free: master {self.master_port})"]
         else:
@@ -335,6 +379,7 @@ class Sandbox:
                 f"{replica.name}: {replica.url}, engine {replica.engine.value} "
                 f"(patch_connector.py status: {build.patcher_status}), {draft}, revision "
                 f"{replica.revision}, store keys {self.key_namespace(replica)}"
+                + (f", --reasoning-parser {replica.reasoning_parser}" if replica.reasoning_parser else "")
                 + (f", {perturbed.describe()}" if perturbed is not None else "")
             )
         return lines
@@ -359,9 +404,11 @@ class Sandbox:
                 engine=options.engine,
                 speculative=options.speculative,
                 perturb_nats=options.perturb_nats if index in options.perturbed else None,
+                reasoning_parser=options.reasoning_parser,
             )
             for index in range(options.replicas)
         ]
+        await self._prepare_reasoning_target()
         await self._prepare_perturbations(self.replicas)
         for replica in self.replicas:
             self._launch(replica)
@@ -376,10 +423,16 @@ class Sandbox:
         engine: EngineMode | None = None,
         revision: int | None = None,
         perturb_nats: float | Keep | None = Keep.KEEP,
+        reasoning_parser: str | Keep | None = Keep.KEEP,
     ) -> None:
         """Stop replica `index` and start it again on the same port, optionally changed."""
         await self.restart_replicas(
-            [index], speculative=speculative, engine=engine, revision=revision, perturb_nats=perturb_nats
+            [index],
+            speculative=speculative,
+            engine=engine,
+            revision=revision,
+            perturb_nats=perturb_nats,
+            reasoning_parser=reasoning_parser,
         )
 
     async def restart_replicas(
@@ -390,23 +443,30 @@ class Sandbox:
         engine: EngineMode | None = None,
         revision: int | None = None,
         perturb_nats: float | Mapping[int, float | None] | Keep | None = Keep.KEEP,
+        reasoning_parser: str | Keep | None = Keep.KEEP,
     ) -> None:
         """Restart several replicas at once (they start concurrently); None keeps a setting as it is,
         but for `perturb_nats`: None serves the original target, Keep.KEEP keeps it, a mapping sets it
-        per replica index (replicas it does not name keep theirs)."""
+        per replica index (replicas it does not name keep theirs); and for `reasoning_parser`: None
+        runs without one, Keep.KEEP keeps it."""
         chosen = [self.replicas[index] for index in indices]
+        if not isinstance(reasoning_parser, Keep):
+            check_reasoning_parser(reasoning_parser)
         self.check_master()
         if engine is not None and engine not in self.prepared.builds:
             build = await asyncio.to_thread(
                 prepare_engine, self.prepared.env, engine, self.prepared.cache, log=self.progress.phase
             )
             builds = {**self.prepared.builds, engine: build}
-            self.prepared = Prepared(self.prepared.cache, self.prepared.env, self.prepared.models, builds)
+            self.prepared = dataclasses.replace(self.prepared, builds=builds)
         wanted = {r.index: r.perturb_nats for r in chosen}
         if isinstance(perturb_nats, Mapping):
             wanted.update({i: bound for i, bound in perturb_nats.items() if i in wanted})
         elif not isinstance(perturb_nats, Keep):
             wanted = dict.fromkeys(wanted, perturb_nats)
+        if self.options.reasoning_model and any(bound is not None for bound in wanted.values()):
+            # Refused before anything stops: the replicas keep serving as they were.
+            raise ValueError("the perturbed target is a copy of the plain target, not of the reasoning one")
         for replica in chosen:
             bound = wanted[replica.index]
             replica.perturb_nats = None if bound is None else check_bound(bound)
@@ -416,12 +476,16 @@ class Sandbox:
             replica.engine = engine or replica.engine
             replica.speculative = replica.speculative if speculative is None else speculative
             replica.revision = replica.revision if revision is None else revision
+            if not isinstance(reasoning_parser, Keep):
+                replica.reasoning_parser = reasoning_parser
             replica.restarts += 1
             perturbed = f", logits perturbed <= {replica.perturb_nats:g} nats" if replica.perturb_nats else ""
+            parser = f", --reasoning-parser {replica.reasoning_parser}" if replica.reasoning_parser else ""
             self.progress.phase(
                 f"restarting {replica.name}: engine {replica.engine.value}, "
                 f"{'eagle3' if replica.speculative else 'no speculative config'}, revision {replica.revision}"
                 + perturbed
+                + parser
             )
             self._launch(replica)
         await self._wait_healthy(chosen)
@@ -536,6 +600,24 @@ class Sandbox:
                 )
             await asyncio.sleep(0.1)
 
+    def _reasoning_target(self) -> ReasoningTarget | None:
+        """The reasoning target every replica serves (SandboxOptions.reasoning_model), else None."""
+        return self._reasoning_target_or_fail() if self.options.reasoning_model else None
+
+    def _reasoning_target_or_fail(self) -> ReasoningTarget:
+        target = self.prepared.reasoning
+        if target is None:
+            raise SandboxSetupError("the reasoning target was not generated before the replicas started")
+        return target
+
+    async def _prepare_reasoning_target(self) -> None:
+        """Generate (once per generator version) the reasoning target, off the event loop, if asked for."""
+        if self.options.reasoning_model and self.prepared.reasoning is None:
+            reasoning = await asyncio.to_thread(
+                ensure_reasoning_target, self.prepared.env, self.prepared.models, log=self.progress.phase
+            )
+            self.prepared = dataclasses.replace(self.prepared, reasoning=reasoning)
+
     async def _prepare_perturbations(self, replicas: Sequence[Replica]) -> None:
         """Generate (once per bound) the perturbed targets these replicas serve, off the event loop."""
         for bound in sorted({r.perturb_nats for r in replicas if r.perturb_nats is not None}):
@@ -565,6 +647,7 @@ class Sandbox:
                 perturbed=None
                 if replica.perturb_nats is None
                 else self.perturbed_targets[replica.perturb_nats],
+                reasoning=self._reasoning_target(),
             ),
             ha=self.ha.topology if self.ha is not None else None,
         )

@@ -76,7 +76,8 @@ def test_the_operator_wheel_holds_the_operator_package_only(wheel: zipfile.ZipFi
     assert "mooncake_operator/data/minimax-m2.5-eagle3.yaml" in names
     sandbox_files = [n for n in names if "sandbox" in n and n != "mooncake_operator/cli/sandbox.py"]
     assert sandbox_files == []
-    for gone in ("tiny_models.py", "perturbed_model.py", "buggy_engine.py", "cpu_stalls.py", "netns.py"):
+    generators = ("tiny_models.py", "perturbed_model.py", "reasoning_model.py")
+    for gone in (*generators, "buggy_engine.py", "cpu_stalls.py", "netns.py"):
         assert not any(name.endswith("/" + gone) for name in names), gone
 
 

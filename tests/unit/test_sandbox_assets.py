@@ -17,10 +17,14 @@ from mooncake_sandbox.engines import EngineMode, patcher_script, patcher_status,
 from mooncake_sandbox.models import (
     GENERATOR,
     PERTURBATION_GENERATOR,
+    REASONING_GENERATOR,
     TinyModels,
+    ensure_reasoning_target,
     ensure_tiny_models,
     generate_models,
     models_dir,
+    probe_request_json,
+    reasoning_dir,
 )
 
 pytestmark = pytest.mark.engine
@@ -199,3 +203,120 @@ def test_the_perturbation_generator_refuses_bad_bounds(engine: EngineEnv, tmp_pa
             check=False,
         )
         assert result.returncode == 2 and "BOUND_NATS" in result.stderr
+
+
+def _generate_reasoning(engine: EngineEnv, output: Path) -> dict[str, object]:
+    result = subprocess.run(
+        [str(engine.python), str(REASONING_GENERATOR), str(output), probe_request_json()],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report: dict[str, object] = json.loads(result.stdout)
+    return report
+
+
+def test_the_reasoning_target_is_byte_identical_across_runs(engine: EngineEnv, tmp_path: Path) -> None:
+    first = _generate_reasoning(engine, tmp_path / "a" / "reasoning-target")
+    second = _generate_reasoning(engine, tmp_path / "b" / "reasoning-target")
+
+    assert first == second
+    names = ["config.json", "model.safetensors", "reasoning.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(path.name for path in (tmp_path / "a" / "reasoning-target").iterdir()) == names
+    for name in names:
+        assert _digest(tmp_path / "a" / "reasoning-target" / name) == _digest(
+            tmp_path / "b" / "reasoning-target" / name
+        ), name
+
+
+def test_the_reasoning_generator_refuses_bad_input(engine: EngineEnv, tmp_path: Path) -> None:
+    for probe in ("not json", "{}", json.dumps({"messages": [], "max_tokens": 10})):
+        result = subprocess.run(
+            [str(engine.python), str(REASONING_GENERATOR), str(tmp_path / "out"), probe],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 2 and "PROBE_REQUEST_JSON" in result.stderr, probe
+        assert not (tmp_path / "out").exists()
+
+
+# Runs in the engine venv: the reasoning target's tokens and template as vLLM's tokenizer loads them, its
+# weights against the plain target's, and vLLM's own minimax_m2 parser on the probe's greedy answer.
+REASONING_PROBE = """
+import json, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file
+sys.path.insert(0, sys.argv[3])
+import reasoning_model
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.reasoning import ReasoningParserManager
+from vllm.tokenizers import get_tokenizer
+
+plain, target, request = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[4])
+facts = json.loads((target / "reasoning.json").read_text())
+tokenizer = get_tokenizer(str(target))
+rendered = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
+ids = tokenizer.encode("x</think>y<think>z", add_special_tokens=False)
+weights, base = load_file(str(target / "model.safetensors")), load_file(str(plain / "model.safetensors"))
+head, base_head = weights["lm_head.weight"], base["lm_head.weight"]
+answer = reasoning_model.Probe(target, request).run(weights).answer
+parser = ReasoningParserManager.get_reasoning_parser("minimax_m2")(tokenizer)
+reasoning, content = parser.extract_reasoning(
+    tokenizer.decode(answer, skip_special_tokens=True), ChatCompletionRequest(**request)
+)
+print(json.dumps({
+    "facts": facts,
+    "template_tail": rendered[-30:],
+    "ids": ids,
+    "text": tokenizer.decode(ids, skip_special_tokens=True),
+    "same_but_lm_head": sorted(n for n in base if n != "lm_head.weight" and torch.equal(base[n], weights[n])),
+    "names": sorted(weights),
+    "zero_rows": [i for i in range(head.shape[0]) if head[i].abs().sum() == 0],
+    "other_rows_unchanged": bool(torch.equal(head[5:], base_head[5:])),
+    "answer": answer,
+    "reasoning": reasoning,
+    "content": content,
+}))
+"""
+
+
+def test_the_reasoning_target_thinks_then_answers_for_vllms_minimax_m2_parser(engine: EngineEnv) -> None:
+    models = ensure_tiny_models(engine, cache_root(), log=print)
+    target = ensure_reasoning_target(engine, models, log=print)
+    assert target.path == reasoning_dir(models) and target.path.name != models.target.name
+    probe = subprocess.run(
+        [
+            str(engine.python),
+            "-c",
+            REASONING_PROBE,
+            str(models.target),
+            str(target.path),
+            str(REASONING_GENERATOR.parent),
+            probe_request_json(),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    facts = json.loads(probe.stdout.splitlines()[-1])
+    report = facts["facts"]
+    # The template opens the think block; the markers are single, non-special tokens (kept in the text).
+    assert facts["template_tail"].endswith("<|im_start|>assistant\n<think>\n")
+    assert facts["ids"][1] == 4 and facts["ids"][3] == 3 and len(facts["ids"]) == 5
+    assert facts["text"] == "x</think>y<think>z"
+    # Every tensor but lm_head is the plain target's (revision 1's seeded draws).
+    assert facts["same_but_lm_head"] == [name for name in facts["names"] if name != "lm_head.weight"]
+    # `<think>` is silent like the special tokens; `</think>` has a row of its own, every other row is
+    # the plain target's.
+    assert facts["zero_rows"] == [0, 1, 2, 3] and facts["other_rows_unchanged"]
+    assert report["margin"] >= 1.15
+    # On the reference request: reasoning of the reported length, then `</think>` and an answer, which
+    # vLLM's parser splits at that first `</think>`.
+    steps = report["probe_reasoning_tokens"]
+    assert steps == target.probe_reasoning_tokens and 8 <= steps <= 16
+    answer = facts["answer"]
+    assert answer.index(4) == steps and answer.count(4) == report["probe_think_ends"]
+    assert facts["reasoning"] and facts["content"]
+    assert "</think>" not in facts["reasoning"]

@@ -176,3 +176,31 @@ def test_perturb_reader_is_refused_in_the_revision_change_scenario(
     args = _parse("--scenario", "revision-change", "--perturb-reader", "0.1")
     assert args.func(args) == command.ExitCode.USAGE_OR_ENVIRONMENT
     assert "--perturb-reader applies to the canary scenario" in capsys.readouterr().err
+
+
+def test_the_reasoning_options_parse_into_the_sandbox_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (_parse().reasoning_model, _parse().reasoning_parser) == (False, None)
+    args = _parse("--reasoning-model", "--reasoning-parser", "minimax_m2")
+    seen: list[SandboxOptions] = []
+    monkeypatch.setattr(command, "prepare", lambda engines, log: None)
+    monkeypatch.setattr(command, "_enter_private_netns", lambda: True)
+    monkeypatch.setattr(command, "run_sandbox", lambda options, *a, **k: seen.append(options) or 0)
+    assert args.func(args) == 0
+    assert (seen[0].reasoning_model, seen[0].reasoning_parser) == (True, "minimax_m2")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--reasoning-parser", "minimax_m2"), "--reasoning-parser needs --reasoning-model"),
+        (("--reasoning-model", "--perturb-reader", "0.2"), "--perturb-reader perturbs a copy"),
+        (("--reasoning-model", "--scenario", "revision-change"), "applies to the canary scenario"),
+        (("--reasoning-model", "--reasoning-parser", "x --trust-remote-code"), "vLLM parser name"),
+    ],
+)
+def test_the_reasoning_options_refuse_what_cannot_run(
+    argv: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = _parse(*argv)
+    assert args.func(args) == command.ExitCode.USAGE_OR_ENVIRONMENT
+    assert message in capsys.readouterr().err

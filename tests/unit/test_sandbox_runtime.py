@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mooncake_operator.build.engine_args import replica_launch
+from mooncake_operator.build.engine_args import kv_fingerprint, replica_launch
 from mooncake_operator.canary.evidence import PER_REQUEST_FLAG, PER_REQUEST_SPEC_OPTION
 from mooncake_sandbox import (
     EngineBuild,
@@ -38,8 +38,10 @@ from mooncake_sandbox.engine_env import EngineEnv
 from mooncake_sandbox.models import (
     PERTURBATION_GENERATOR,
     PerturbedTarget,
+    ReasoningTarget,
     TinyModels,
     perturbed_dir,
+    reasoning_dir,
 )
 from mooncake_sandbox.processes import group_members, port_is_free
 from mooncake_sandbox.runtime import (
@@ -509,3 +511,87 @@ def test_perturbed_copies_are_cached_per_bound_and_generator(tmp_path: Path) -> 
     assert first != second and first.name == second.name == "target"
     digest = hashlib.sha256(PERTURBATION_GENERATOR.read_bytes()).hexdigest()[:16]
     assert first.parent.name == f"{digest}-0.1"
+
+
+def _with_reasoning_target(prepared: Prepared) -> Prepared:
+    """What reasoning_model.py leaves behind, as `prepare` records it (the fake venv cannot run it)."""
+    path = reasoning_dir(prepared.models)
+    path.mkdir(parents=True)
+    reasoning = ReasoningTarget(path=path, think_end_id=4, probe_reasoning_tokens=24)
+    return Prepared(prepared.cache, prepared.env, prepared.models, prepared.builds, reasoning=reasoning)
+
+
+async def test_reasoning_replicas_serve_the_reasoning_target_with_and_without_a_parser(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    prepared = _with_reasoning_target(prepared)
+    assert prepared.reasoning is not None
+    options = _options(tmp_path, reasoning_model=True, reasoning_parser="minimax_m2", segment_drop_wait_s=0.5)
+    async with start_sandbox(
+        options, progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+    ) as sandbox:
+        replica_a, replica_b = sandbox.replicas
+        (seen_a,) = _recorded(records, replica_a.port)
+        argv = seen_a["argv"]
+        assert isinstance(argv, list)
+        assert argv[argv.index("--model") + 1] == str(prepared.reasoning.path)
+        # The parser is production's extraArgs item, after everything engine_args manages.
+        assert argv[-2:] == ["--reasoning-parser", "minimax_m2"]
+        expected = replica_launch(
+            sandbox_spec(speculative=True, reasoning_parser="minimax_m2"),
+            master_address=sandbox.master_address,
+            host="127.0.0.1",
+            port=replica_a.port,
+            store_config_path=str(sandbox.run_dir / f"{replica_a.name}.mooncake_store.json"),
+            entrypoint=(str(prepared.env.python), "-m", SERVER_MODULE),
+            substitutions=substitutions_for(prepared.models, speculative=True, reasoning=prepared.reasoning),
+        )
+        assert argv[1:] == list(expected.argv[1:])
+        text = "\n".join(sandbox.describe())
+        assert "--reasoning-parser minimax_m2" in text and "reasoning variant of the target" in text
+        # A parser does not change the KV: both keep one store key namespace with or without it.
+        namespace = sandbox.key_namespace(replica_b)
+
+        await sandbox.restart_replica(1, reasoning_parser=None)
+        await sandbox.restart_replica(1, engine=EngineMode.PATCHED)  # kept off
+
+        _, without, kept = _recorded(records, replica_b.port)
+        for seen in (without, kept):
+            argv_b = seen["argv"]
+            assert isinstance(argv_b, list)
+            assert "--reasoning-parser" not in argv_b
+            assert argv_b[argv_b.index("--model") + 1] == str(prepared.reasoning.path)
+        assert sandbox.key_namespace(replica_b) == namespace
+        assert (replica_a.reasoning_parser, replica_b.reasoning_parser) == ("minimax_m2", None)
+
+        # A perturbed copy exists of the plain target only: refused before any replica stops.
+        with pytest.raises(ValueError, match="not of the reasoning one"):
+            await sandbox.restart_replica(1, perturb_nats=0.2)
+        assert replica_b.process is not None and replica_b.process.exit_code() is None
+        assert replica_b.perturb_nats is None and len(_recorded(records, replica_b.port)) == 3
+
+
+@pytest.mark.parametrize("name", ["", "MiniMax", "minimax_m2 --trust-remote-code", "-x", "a" * 65])
+def test_a_reasoning_parser_is_one_parser_name(name: str) -> None:
+    with pytest.raises(ValueError, match="vLLM parser name"):
+        SandboxOptions(reasoning_parser=name)
+    with pytest.raises(ValueError, match="vLLM parser name"):
+        sandbox_spec(speculative=True, reasoning_parser=name)
+
+
+def test_the_reasoning_target_has_no_perturbed_copy_and_no_second_revision(tmp_path: Path) -> None:
+    models = TinyModels(tmp_path)
+    reasoning = ReasoningTarget(reasoning_dir(models), 4, 24)
+    assert substitutions_for(models, speculative=True, reasoning=reasoning).model_path == str(reasoning.path)
+    assert reasoning.path.name != models.target.name  # its blocks never share keys with the plain target's
+    with pytest.raises(ValueError, match="one revision"):
+        substitutions_for(models, speculative=True, revision=2, reasoning=reasoning)
+    with pytest.raises(ValueError, match="not of the reasoning one"):
+        SandboxOptions(reasoning_model=True, perturb_nats=0.2)
+
+
+def test_a_parser_in_extra_args_keeps_the_kv_fingerprint() -> None:
+    plain = sandbox_spec(speculative=True)
+    parsed = sandbox_spec(speculative=True, reasoning_parser="minimax_m2")
+    assert parsed.engine.extra_args == ["--reasoning-parser", "minimax_m2"]
+    assert kv_fingerprint(plain) == kv_fingerprint(parsed)
