@@ -111,7 +111,8 @@ async def until(probe: Any, within: float) -> Any:
 async def one_run(plane: ControlPlane, kube: KubeClient, strategy: str, load_s: float) -> tuple[float, int]:
     """(seconds from the spec change to the new revision serving, fewest pods serving meanwhile)."""
     namespace = await new_namespace(kube)
-    with FakeCluster.start(2) as blue_fakes, FakeCluster.start(2) as green_fakes:
+    # A third fake for the InPlace surge ordinal (demo-replica-2).
+    with FakeCluster.start(3) as blue_fakes, FakeCluster.start(2) as green_fakes:
         endpoints = {
             f"{namespace}/demo": tuple(blue_fakes.urls),
             f"{namespace}/{candidate(namespace, strategy)}": tuple(green_fakes.urls),
