@@ -150,7 +150,7 @@ class ReasoningTarget:
 
 
 def probe_request_json() -> str:
-    """The request the reasoning generator sizes the reasoning on: the reference request (canary/request.py)."""
+    """The request the reasoning generator sizes the reasoning on (canary/request.py)."""
     return json.dumps(reference_request(), sort_keys=True)
 
 
