@@ -31,6 +31,9 @@ def run(*extra: str) -> tuple[int, dict[str, Any], str]:
 
 # Rerun (reported by pytest) only when a CPU stalled while it ran (tests/support/cpu_stalls.py).
 @pytest.mark.flaky(reruns=2, condition=stalled_during_test)
+# Slow (CI budget): the fault tier's scenario 7 fails the leading master over on real pods; this proves
+# the oplog keeps the stored prefixes through it on real engines.
+@pytest.mark.slow
 def test_a_leader_failover_keeps_the_prefixes_with_the_oplog(prepared: Prepared) -> None:
     code, outcome, stderr = run()
 

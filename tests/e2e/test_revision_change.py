@@ -34,6 +34,9 @@ def run(isolation: str) -> tuple[int, dict[str, Any]]:
 
 # Rerun (reported by pytest) only when a CPU stalled while it ran (tests/support/cpu_stalls.py).
 @pytest.mark.flaky(reruns=2, condition=stalled_during_test)
+# Slow (CI budget): the KV fingerprint goldens prove a new revision gets a store prefix of its own, and
+# the fault tier's scenario 8 rolls a new revision on real pods; this proves the isolation on real engines.
+@pytest.mark.slow
 def test_with_store_isolation_the_new_revision_reads_nothing_of_the_old(prepared: Prepared) -> None:
     code, change = run("on")
 
