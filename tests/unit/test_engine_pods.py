@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from tests.support.pod_security import violations
 
 from mooncake_operator.api.examples import reference_deployment_yaml
 from mooncake_operator.api.kube_types import GPU_RESOURCE
@@ -440,73 +441,13 @@ def test_production_example_keeps_weights_on_a_claim_per_replica() -> None:
     assert claims[0]["spec"]["resources"]["requests"]["storage"] == "600Gi"
 
 
-# --- Pod Security Standards, as the rules read (kubernetes.io/docs/concepts/security/pod-security-standards)
-
-BASELINE_CAPABILITIES = frozenset(
-    {
-        "AUDIT_WRITE",
-        "CHOWN",
-        "DAC_OVERRIDE",
-        "FOWNER",
-        "FSETID",
-        "KILL",
-        "MKNOD",
-        "NET_BIND_SERVICE",
-        "SETFCAP",
-    }
-    | {"SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-)
-RESTRICTED_VOLUMES = frozenset(
-    {
-        "configMap",
-        "csi",
-        "downwardAPI",
-        "emptyDir",
-        "ephemeral",
-        "persistentVolumeClaim",
-        "projected",
-        "secret",
-    }
-)
+# --- Pod Security Standards (tests/support/pod_security.py: the rules as kubernetes.io states them)
 
 
 def pod_security_violations(template: dict[str, Any]) -> dict[str, list[str]]:
     """What keeps a pod template from each level: {"baseline": [...], "restricted": [...]}."""
     spec = template["spec"]
-    pod_context = spec.get("securityContext", {})
-    containers = [*spec.get("initContainers", []), *spec["containers"]]
-    baseline: list[str] = []
-    restricted: list[str] = []
-    for key in ("hostNetwork", "hostPID", "hostIPC"):
-        if spec.get(key):
-            baseline.append(key)
-    for volume in spec["volumes"]:
-        if "hostPath" in volume:
-            baseline.append(f"hostPath volume {volume['name']}")
-        if not set(volume) - {"name"} <= RESTRICTED_VOLUMES:
-            restricted.append(f"volume {volume['name']}")
-    for container in containers:
-        context = container.get("securityContext", {})
-        name = container["name"]
-        if context.get("privileged"):
-            baseline.append(f"{name}: privileged")
-        added = set(context.get("capabilities", {}).get("add", []))
-        if added - BASELINE_CAPABILITIES:
-            baseline.append(f"{name}: adds {sorted(added - BASELINE_CAPABILITIES)}")
-        if added - {"NET_BIND_SERVICE"}:
-            restricted.append(f"{name}: adds capabilities")
-        if "ALL" not in context.get("capabilities", {}).get("drop", []):
-            restricted.append(f"{name}: does not drop ALL")
-        if context.get("allowPrivilegeEscalation") is not False:
-            restricted.append(f"{name}: allowPrivilegeEscalation")
-        if not context.get("runAsNonRoot", pod_context.get("runAsNonRoot")):
-            restricted.append(f"{name}: runAsNonRoot")
-        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {})).get("type")
-        if seccomp not in ("RuntimeDefault", "Localhost"):
-            restricted.append(f"{name}: seccompProfile")
-        if any(port.get("hostPort") for port in container.get("ports", [])):
-            baseline.append(f"{name}: hostPort")
-    return {"baseline": baseline, "restricted": baseline + restricted}
+    return {level: violations(spec, level) for level in ("baseline", "restricted")}
 
 
 def template_of(obj: dict[str, Any]) -> dict[str, Any]:
@@ -516,7 +457,10 @@ def template_of(obj: dict[str, Any]) -> dict[str, Any]:
 
 def test_the_default_engine_pod_is_baseline_and_restricted_but_for_the_user() -> None:
     violations = pod_security_violations(template_of(example()))
-    assert violations == {"baseline": [], "restricted": ["vllm: runAsNonRoot"]}
+    assert violations == {
+        "baseline": [],
+        "restricted": ["running as non-root: containers[vllm] (nor the pod) sets runAsNonRoot true"],
+    }
 
 
 def test_a_non_root_engine_pod_is_restricted() -> None:
@@ -529,7 +473,11 @@ def test_a_non_root_engine_pod_is_restricted() -> None:
 
 def test_rdma_pods_need_the_privileged_level_and_say_why() -> None:
     device_plugin = pod_security_violations(template_of(rdma_obj(resourceName="rdma/ib")))
-    assert device_plugin["baseline"] == ["vllm: adds ['IPC_LOCK', 'SYS_RESOURCE']"]
+    assert device_plugin["baseline"] == ["capabilities: containers[vllm] adds ['IPC_LOCK', 'SYS_RESOURCE']"]
     host = rdma_obj(hostDevices=True, hostNetwork=True)
     host_violations = pod_security_violations(template_of(host))["baseline"]
-    assert host_violations == ["hostNetwork", "hostPath volume rdma-devices", "vllm: privileged"]
+    assert host_violations == [
+        "host namespaces: spec.hostNetwork is true",
+        "hostPath volumes: volumes[rdma-devices]",
+        "privileged containers: containers[vllm] is privileged",
+    ]
