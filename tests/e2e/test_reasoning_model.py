@@ -153,7 +153,7 @@ async def test_patched_engines_with_the_reasoning_parser_pass(sandbox: Sandbox) 
 
 
 # Slow (scripts/test-slow): without a parser the generation is the same tokens in one field; the unit
-# tier (tests/unit/test_canary_compare.py, test_expectations.py) proves the rules on such answers.
+# tier (tests/unit/test_canary_divergence.py, test_canary_expectations.py) proves the rules on such answers.
 @pytest.mark.slow
 async def test_patched_engines_without_a_parser_pass(sandbox: Sandbox) -> None:
     await configure(sandbox, EngineMode.PATCHED, None)
