@@ -24,6 +24,18 @@ def _marks_slow(node: ast.expr) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == "slow"
 
 
+def _is_slow_module_mark(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Assign)
+        and any(isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets)
+        and _marks_slow(node.value)
+    )
+
+
+def _is_slow_test(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return node.name.startswith("test_") and any(_marks_slow(mark) for mark in node.decorator_list)
+
+
 def slow_tests() -> dict[str, set[str]]:
     """Each test file with slow tests, and the slow tests' names ({"*"}: the whole module is slow)."""
     found: dict[str, set[str]] = {}
@@ -31,14 +43,10 @@ def slow_tests() -> dict[str, set[str]]:
         tree = ast.parse(path.read_text(), str(path))
         relative = str(path.relative_to(REPO))
         for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets
-            ):
-                if _marks_slow(node.value):
-                    found.setdefault(relative, set()).add("*")
-            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_"):
-                if any(_marks_slow(decorator) for decorator in node.decorator_list):
-                    found.setdefault(relative, set()).add(node.name)
+            if _is_slow_module_mark(node):
+                found.setdefault(relative, set()).add("*")
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and _is_slow_test(node):
+                found.setdefault(relative, set()).add(node.name)
     return found
 
 
