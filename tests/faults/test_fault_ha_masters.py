@@ -26,6 +26,7 @@ from tests.support.fault_load import component_pods, parse_time, port_address, w
 from tests.support.fault_scenarios import proven_again_after, report, run_scenario, status_of
 from tests.support.kube_node import kubectl
 
+from mooncake_operator.build.etcd import ETCD_USER_ID
 from mooncake_operator.build.names import COMPONENT_MASTER, METRICS_PORT_NAME
 from mooncake_operator.reconcile.decide.leadership import HEALTH_PATH, MasterView
 
@@ -127,6 +128,7 @@ def ha_serving(node_cluster: kube_node.Images) -> Iterator[str]:
     resource = cluster.ha_example_resource(node_cluster.engine_patched, node_cluster.etcd)
     name = resource["metadata"]["name"]
     claims, size = cluster.etcd_claims(resource)
+    cluster.claim_directories(claims, ETCD_VOLUMES, ETCD_USER_ID)
     volumes = cluster.claim_volumes(claims, size, ETCD_VOLUMES)
     kubectl(["apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": volumes}))
     try:
@@ -158,6 +160,8 @@ def ha_serving(node_cluster: kube_node.Images) -> Iterator[str]:
         )
         kubectl(["delete", "pvc", *claims, "--namespace=default", "--ignore-not-found", "--wait=true"])
         kubectl(["delete", "pv", *claims, "--ignore-not-found", "--wait=true"])
+        for claim in claims:
+            shutil.rmtree(ETCD_VOLUMES / claim, ignore_errors=True)
         shutil.rmtree(ETCD_VOLUMES, ignore_errors=True)
 
 

@@ -112,11 +112,23 @@ def claim_volumes(claims: Sequence[str], size: str, directory: Path) -> list[dic
                 "persistentVolumeReclaimPolicy": "Retain",
                 "storageClassName": "",
                 "claimRef": {"namespace": "default", "name": claim},
-                "hostPath": {"path": str(directory / claim), "type": "DirectoryOrCreate"},
+                "hostPath": {"path": str(directory / claim), "type": "Directory"},
             },
         }
         for claim in claims
     ]
+
+
+def claim_directories(claims: Sequence[str], directory: Path, owner: int) -> None:
+    """Each claim's volume directory under `directory`, empty, owned by `owner` (user and group) and
+    private to it. The kubelet applies no `fsGroup` to a hostPath volume, so an administrator who makes
+    static volumes for a non-root workload (the managed etcd runs as ETCD_USER_ID) hands each one over,
+    as local-path's provisioner does by making its directories world-writable."""
+    for claim in claims:
+        path = directory / claim
+        shutil.rmtree(path, ignore_errors=True)  # a volume is fresh: no member of an earlier etcd
+        path.mkdir(parents=True, mode=0o700)
+        os.chown(path, owner, owner)
 
 
 def client_model_name() -> str:

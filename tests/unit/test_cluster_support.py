@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import kubernetes_validate
@@ -189,7 +191,10 @@ def test_etcd_claims_get_volumes_bound_to_them_in_advance() -> None:
     # The rendered claim names no class: it binds only to a volume without one.
     assert spec["storageClassName"] == "" and spec["capacity"] == {"storage": "1Gi"}
     assert spec["accessModes"] == ["ReadWriteOnce"]
-    assert spec["hostPath"]["path"] == str(kube_node.ROOT / "volumes" / "data-minimax-m25-ha-etcd-0")
+    assert spec["hostPath"] == {
+        "path": str(kube_node.ROOT / "volumes" / "data-minimax-m25-ha-etcd-0"),
+        "type": "Directory",  # made by claim_directories, for the etcd's user: the kubelet makes none
+    }
     kubernetes_validate.validate(volume, "1.25.0", strict=True)
 
 
@@ -220,3 +225,17 @@ def test_dns_resolves_the_names_highly_available_masters_use() -> None:
     dialled += [endpoint.rsplit(":", 1)[0] for endpoint in managed_etcd_endpoints(serving)]
     assert len(dialled) == 4
     assert {f"{host}.cluster.local" for host in dialled} <= names
+
+
+def test_claim_directories_are_fresh_and_handed_to_the_workloads_user(tmp_path: Path) -> None:
+    stale = tmp_path / "data-etcd-0" / "member"
+    stale.mkdir(parents=True)
+    (stale / "wal").write_text("an earlier etcd's member")
+    owner = os.getuid()  # any user the test may hand a directory to; the fault tier passes ETCD_USER_ID
+
+    cluster.claim_directories(["data-etcd-0", "data-etcd-1"], tmp_path, owner)
+
+    for claim in ("data-etcd-0", "data-etcd-1"):
+        made = (tmp_path / claim).stat()
+        assert not any((tmp_path / claim).iterdir()), f"{claim} kept an earlier volume's files"
+        assert (made.st_uid, made.st_gid, stat.S_IMODE(made.st_mode)) == (owner, owner, 0o700)
