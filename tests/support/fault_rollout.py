@@ -162,8 +162,8 @@ def serving_pods(name: str) -> list[dict[str, Any]]:
 def rolled_out_after(name: str, moment: float, model: str, revision_before: str) -> Callable[[], bool]:
     """`proven_again_after`, and the proof is the new revision's: the status describes the changed spec
     (observedGeneration), the spec revision moved, the canary ran at it (`target.revision` is the desired
-    and the serving revision) over exactly the serving set's pods as they are now, every one of which
-    serves `model`."""
+    and the serving revision) over every pod of the serving set as it is now (and perhaps the InPlace
+    surge pod, gone since), every one of which serves `model`."""
     proven = proven_again_after(name, moment)
 
     def probe() -> bool:
@@ -178,7 +178,9 @@ def rolled_out_after(name: str, moment: float, model: str, revision_before: str)
             status.get("observedGeneration") == serving["metadata"]["generation"]
             and status.get("desiredRevision") not in (None, revision_before)
             and target.get("revision") == status["desiredRevision"] == status.get("servingRevision")
-            and {entry.split("#")[0] for entry in target.get("replicaPods") or []} == identities
+            # Every serving pod as it is now was covered; an InPlace canary may also have covered the
+            # surge pod, which leaves once the set is proven at its size.
+            and identities <= {entry.split("#")[0] for entry in target.get("replicaPods") or []}
             and len(pods) == serving["spec"]["replicas"]
             and all(runs_model(p, model) for p in pods)
         )
