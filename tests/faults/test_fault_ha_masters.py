@@ -160,8 +160,6 @@ def ha_serving(node_cluster: kube_node.Images) -> Iterator[str]:
         )
         kubectl(["delete", "pvc", *claims, "--namespace=default", "--ignore-not-found", "--wait=true"])
         kubectl(["delete", "pv", *claims, "--ignore-not-found", "--wait=true"])
-        for claim in claims:
-            shutil.rmtree(ETCD_VOLUMES / claim, ignore_errors=True)
         shutil.rmtree(ETCD_VOLUMES, ignore_errors=True)
 
 

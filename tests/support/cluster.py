@@ -100,7 +100,7 @@ def claim_volumes(claims: Sequence[str], size: str, directory: Path) -> list[dic
     """A hostPath PersistentVolume per claim, bound to it in advance. The node has no volume provisioner
     (and no StorageClass): a claim without a class binds only to a volume made for it, as an
     administrator of a cluster without dynamic provisioning would make one. Each volume is a directory
-    under `directory` (created by the kubelet), kept until the volume is deleted."""
+    under `directory` that must exist (`claim_directories` makes it for the workload's user)."""
     return [
         {
             "apiVersion": "v1",
