@@ -10,7 +10,7 @@ log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 # in_background NAME COMMAND...: runs COMMAND with its output in $MOONCAKE_OPERATOR_CACHE/logs/NAME.log;
-# await_background prints each log once its job ended and fails with the first job that failed.
+# await_background prints each log once its job ended and returns 1 if any job failed.
 BACKGROUND_PIDS=()
 BACKGROUND_NAMES=()
 in_background() {
@@ -41,5 +41,5 @@ await_background() {
   done
   BACKGROUND_PIDS=()
   BACKGROUND_NAMES=()
-  [[ -z $failed ]] || die "$failed failed (log above)"
+  [[ -z $failed ]] || { log "$failed failed (log above)"; return 1; }
 }

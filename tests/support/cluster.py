@@ -569,6 +569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--engine", choices=("patched", "buggy"), default="patched")
     up.add_argument("--timeout", type=float, default=1200.0, help="seconds to wait for Ready/CanaryFailed")
     commands.add_parser("down", help="stop everything up started and undo its changes")
+    commands.add_parser(
+        "preload-images", help="import the built images into containerd's store (kept between clusters)"
+    )
     kubectl_parser = commands.add_parser("kubectl", help="kubectl against the cluster")
     kubectl_parser.add_argument("args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -576,6 +579,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_up(args.engine, args.timeout)
     if args.command == "down":
         kube_node.down(log)
+        return 0
+    if args.command == "preload-images":
+        try:
+            kube_node.preload_images(log)
+        except ClusterError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return EXIT_SETUP
         return 0
     return cmd_kubectl(args.args)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tomllib
 from pathlib import Path
 
 import kubernetes_validate
@@ -76,6 +77,17 @@ def test_containerd_never_pulls_the_sandbox_image_and_keeps_oom_scores() -> None
     assert 'sandbox_image = "localhost/mooncake-cluster/pause:abc"' in config
     assert "restrict_oom_score_adj = true" in config
     assert "SystemdCgroup = false" in config
+
+
+def test_preloading_fills_the_store_the_cluster_reads_and_runs_nothing_else() -> None:
+    cluster_config = tomllib.loads(kube_node.containerd_config("localhost/mooncake-cluster/pause:abc"))
+    preload_config = tomllib.loads(kube_node.store_only_containerd_config())
+    # The same image store and socket (import_images talks to it) as the cluster's containerd ...
+    assert preload_config["root"] == cluster_config["root"]
+    assert preload_config["grpc"]["address"] == str(kube_node.CONTAINERD_SOCKET)
+    # ... but no CRI: it starts no pods, configures no network, mounts nothing outside its state.
+    assert preload_config["disabled_plugins"] == ["io.containerd.grpc.v1.cri"]
+    assert preload_config["state"] == cluster_config["state"]
 
 
 def test_cni_has_no_masquerade_out_of_the_namespace() -> None:
