@@ -29,6 +29,7 @@ import httpx
 from tests.support import cluster
 from tests.support.kube_node import kubectl
 
+from mooncake_operator.build.names import TRAFFIC_LABEL
 from mooncake_operator.canary.request import reference_request
 
 MAX_TOKENS = 8
@@ -136,6 +137,9 @@ class Instance:
     unproven_max: float = 0.0
     last_count: float = 0.0
     proven_by: str | None = None
+    # Each rise of its counter while unproven: (wall time of the sample, count, its traffic label then);
+    # what a report shows when the instance served users before a proof the ledger saw.
+    rises: list[tuple[float, float, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -222,6 +226,7 @@ class ServedLedger:
 
     def sample(self) -> None:
         counts: list[tuple[tuple[str, str, int], float, datetime | None]] = []
+        labels: dict[tuple[str, str, int], str | None] = {}
         for pod in replica_pods(self.name):
             ip = pod["status"].get("podIP")
             restarts, started = engine_state(pod)
@@ -232,15 +237,19 @@ class ServedLedger:
                 counts.append((key, success_count(ip), started))
             except httpx.HTTPError:
                 continue  # the engine is not serving metrics (starting, or just killed)
+            labels[key] = (pod["metadata"].get("labels") or {}).get(TRAFFIC_LABEL)
         # The status after the counters: a run it does not show yet had not covered these samples.
         canary = (cluster.get_serving(self.name).get("status") or {}).get("canary") or {}
-        self.record(counts, canary)
+        self.record(counts, canary, labels)
 
     def record(
-        self, counts: list[tuple[tuple[str, str, int], float, datetime | None]], canary: dict[str, Any]
+        self,
+        counts: list[tuple[tuple[str, str, int], float, datetime | None]],
+        canary: dict[str, Any],
+        labels: dict[tuple[str, str, int], str | None] | None = None,
     ) -> None:
         """One sample: each instance's counter `(pod, uid, restarts), count, engine start`, then the
-        canary status read after them."""
+        canary status read after them; `labels`: each instance's traffic label as listed with it."""
         if canary.get("runId") and canary.get("finishedAt"):
             self.runs[canary["runId"]] = canary
         for key, count, started in counts:
@@ -252,6 +261,8 @@ class ServedLedger:
             if instance.proven_by is None:
                 proof = next((run for run in self.runs.values() if covers(run, instance)), None)
                 if proof is None:
+                    if count > instance.unproven_max:
+                        instance.rises.append((time.time(), count, (labels or {}).get(key)))
                     instance.unproven_max = max(instance.unproven_max, count)
                 else:
                     instance.proven_by = proof["runId"]
@@ -271,6 +282,37 @@ class ServedLedger:
                     sent += 1
         return sent
 
+    def runs_started_after(self, moment: float) -> int:
+        """How many of the runs the ledger saw started after `moment` (wall clock)."""
+        starts = (parse_time(run.get("startedAt")) for run in self.runs.values())
+        return sum(1 for started in starts if started is not None and started.timestamp() >= moment)
+
+    def evidence(self, instance: Instance, since: float) -> dict[str, Any]:
+        """Why the ledger counts what it counts for `instance` (times in seconds after `since`, wall
+        clock): its counter's rises while unproven with its traffic label at each, and every run the
+        ledger saw with the pairs this pod wrote and read in it."""
+
+        def after(value: str | None) -> float | None:
+            moment = parse_time(value)
+            return round(moment.timestamp() - since, 1) if moment is not None else None
+
+        return {
+            "engine_started_s": after(instance.started_at.isoformat()) if instance.started_at else None,
+            "rises": [(round(at - since, 1), count, label) for at, count, label in instance.rises],
+            "proven_by": instance.proven_by,
+            "runs_seen": [
+                {
+                    "run": run_id,
+                    "verdict": run.get("verdict"),
+                    "started_s": after(run.get("startedAt")),
+                    "finished_s": after(run.get("finishedAt")),
+                    "wrote": sum(p.get("writer") == instance.pod for p in run.get("pairs") or []),
+                    "read": sum(p.get("reader") == instance.pod for p in run.get("pairs") or []),
+                }
+                for run_id, run in self.runs.items()
+            ],
+        }
+
     def unproven_user_requests(self, *, born_after: float | None = None) -> dict[str, float]:
         """Per instance first seen unproven (`pod uid restarts`): its requests served while unproven
         minus the canary's; every value must be 0. `born_after`: only instances whose engine started
@@ -282,8 +324,21 @@ class ServedLedger:
             ):
                 continue
             user = instance.unproven_max - self.canary_requests(instance)
-            result[f"{instance.pod} {instance.uid[:8]} r{instance.restarts}"] = max(user, 0.0)
+            result[instance_name(instance)] = max(user, 0.0)
         return result
+
+    def unproven_evidence(self, *, born_after: float, since: float) -> dict[str, dict[str, Any]]:
+        """`evidence` of each instance that `unproven_user_requests` counts users' requests on."""
+        counted = self.unproven_user_requests(born_after=born_after)
+        return {
+            instance_name(instance): self.evidence(instance, since)
+            for instance in self.instances.values()
+            if counted.get(instance_name(instance))
+        }
+
+
+def instance_name(instance: Instance) -> str:
+    return f"{instance.pod} {instance.uid[:8]} r{instance.restarts}"
 
 
 def failure_window(responses: list[Response]) -> tuple[int, float]:

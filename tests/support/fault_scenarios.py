@@ -170,6 +170,7 @@ def run_scenario(
     errors_sent = [round(r.started - fault_at, 1) for r in (errors[0], errors[-1])] if errors else None
     late_failures = [r for r in late if r.status != 200]
     unproven = ledger.unproven_user_requests(born_after=fault_wall - 1)
+    unproven_evidence = ledger.unproven_evidence(born_after=fault_wall - 1, since=fault_wall)
     result = {
         "scenario": scenario,
         "ready_again_s": round(ready_at - fault_at, 1),
@@ -185,7 +186,12 @@ def run_scenario(
         "operator_api_requests": counted_since(api_before, api_during),
         "p50_latency_s": median([r.latency_s for r in responses if r.status == 200]),
         "ledger_errors": len(ledger.errors),
+        # Against canaries_run (the operator's count): a run the ledger never saw in the status would
+        # make its requests look like users'.
+        "canary_runs_seen": ledger.runs_started_after(fault_wall),
     }
+    if unproven_evidence:
+        result["unproven_evidence"] = unproven_evidence
     if any(isinstance(r.status, int) and r.status >= 500 for r in responses):
         # A bare HTTP 500 from vLLM is most often a failed store load, said only in the replica's log.
         try:

@@ -121,6 +121,35 @@ def test_user_requests_to_an_unproven_instance_are_its_count_less_the_canarys() 
     assert ledger.unproven_user_requests() == {"demo-replica-0 uid-0 r0": 1.0}
 
 
+def test_a_user_request_on_an_unproven_instance_comes_with_its_evidence() -> None:
+    ledger = ServedLedger("demo")
+    ledger.record([(KEY, 0.0, STARTED)], {}, {KEY: "off"})
+    # The canary's two and a user's, with the label on before the status shows the run: counted.
+    ledger.record([(KEY, 3.0, STARTED)], {"runId": "r1", "verdict": "Running"}, {KEY: "on"})
+    ledger.record([(KEY, 3.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"), {KEY: "on"})
+    since = STARTED.timestamp()
+    assert ledger.runs_started_after(since) == 1
+    assert ledger.runs_started_after(since + 60) == 0
+    (evidence,) = ledger.unproven_evidence(born_after=since - 1, since=since).values()
+    assert [(count, label) for _, count, label in evidence["rises"]] == [(3.0, "on")]
+    assert evidence["proven_by"] == "r1"
+    assert evidence["engine_started_s"] == 0.0
+    (seen,) = evidence["runs_seen"]
+    assert (seen["run"], seen["verdict"], seen["started_s"], seen["wrote"], seen["read"]) == (
+        "r1",
+        "Passed",
+        30.0,
+        1,
+        1,
+    )
+
+
+def test_an_instance_served_only_by_the_canary_has_no_evidence_to_show() -> None:
+    ledger = ServedLedger("demo")
+    ledger.record([(KEY, 2.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"))
+    assert ledger.unproven_evidence(born_after=0.0, since=0.0) == {}
+
+
 def test_only_the_canarys_requests_leave_nothing_and_old_instances_can_be_left_out() -> None:
     ledger = ServedLedger("demo")
     ledger.record([(KEY, 2.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"))
