@@ -44,7 +44,9 @@ QUICKSTART = Path(__file__).resolve().parents[2] / "docs" / "quickstart.md"
 OPERATOR_PODS = "app.kubernetes.io/name=mooncake-operator,app.kubernetes.io/component=operator"
 VERDICT_TIMEOUT = 1200.0
 OPERATOR_READY_TIMEOUT = 180.0  # a restarted operator waits out its old Lease (15 s) and backs off
-UNCHANGED_WINDOW_S = 45.0  # nothing may change within it: a roll starts within a pass or two
+# Nothing may change within it: a roll starts in the pass that applies the template (the StatefulSet
+# controller replaces a pod within a second of it), and each window starts after such a pass.
+UNCHANGED_WINDOW_S = 20.0
 
 
 def get_json(*args: str) -> Any:
