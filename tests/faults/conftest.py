@@ -1,7 +1,9 @@
 """The fault tier: faults injected on the node tier's real pods under a steady client load
 (tests/support/fault_load.py). One cluster per session, the node tier's (`node_cluster`, in
 tests/conftest.py); the scenarios run in file order on one MooncakeServing, each starting from Ready.
-Needs root; run it with scripts/test-faults (scripts/test runs a subset before the node tier)."""
+Needs root; run it with scripts/test-faults. The machine's CPU stalls are watched
+(tests/support/cpu_stalls.py) and each scenario's measurements list those during it: evidence for a
+failure, never a rerun."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from tests.support import cluster, kube_node
+from tests.support.cpu_stalls import cpu_stall_monitor, cpu_stall_watch  # noqa: F401 (fixtures)
 from tests.support.kube_node import kubectl
 
 FAULTS_DIR = Path(__file__).parent

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.support import cluster
+from tests.support.cpu_stalls import stalls_during_test
 from tests.support.fault_load import (
     ClientLoad,
     Response,
@@ -189,6 +190,9 @@ def run_scenario(
         # Against canaries_run (the operator's count): a run the ledger never saw in the status would
         # make its requests look like users'.
         "canary_runs_seen": ledger.runs_started_after(fault_wall),
+        # The platform's own stalls while the scenario ran (a failure inside one is the machine's, not
+        # the product's; the fault tier reruns nothing): tests/support/cpu_stalls.py.
+        "cpu_stalls": [stall.describe() for stall in stalls_during_test()],
     }
     if unproven_evidence:
         result["unproven_evidence"] = unproven_evidence
