@@ -16,6 +16,7 @@ from typing import Any
 from tests.support import cluster, kube_node
 from tests.support.fault_load import (
     container_restarts,
+    follow_pod_log,
     operator_process,
     operator_restarts,
     replica_pods,
@@ -99,21 +100,8 @@ def rfc3339(value: str) -> datetime:
 
 
 def follow_operator_log(pod: str, into: Path) -> subprocess.Popen[bytes]:
-    """`kubectl logs -f --timestamps` of an operator pod, to its very last line (it ends when the
-    container does), whatever happens to the pod object meanwhile."""
-    return subprocess.Popen(
-        [
-            str(kube_node.kube_binaries()["kubectl"]),
-            f"--kubeconfig={kube_node.admin_kubeconfig()}",
-            "logs",
-            "--follow",
-            "--timestamps",
-            f"--namespace={cluster.OPERATOR_NAMESPACE}",
-            pod,
-        ],
-        stdout=into.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    """The operator pod's log, followed to its very last line (`follow_pod_log`)."""
+    return follow_pod_log(pod, cluster.OPERATOR_NAMESPACE, into)
 
 
 def workers_stopped_at(log: str) -> datetime | None:

@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.support import cluster
+from tests.support import cluster, kube_node
 from tests.support.kube_node import kubectl
 
 from mooncake_operator.build.names import TRAFFIC_LABEL
@@ -195,12 +198,53 @@ def covers(run: dict[str, Any], instance: Instance) -> bool:
     return started is not None and started >= instance.started_at and wrote and read
 
 
+def follow_pod_log(pod: str, namespace: str, into: Path) -> subprocess.Popen[bytes]:
+    """`kubectl logs -f --timestamps` of a pod's (first) container, to its very last line (it ends when the
+    container does), whatever happens to the pod object meanwhile: the log outlives a deleted pod."""
+    return subprocess.Popen(
+        [
+            str(kube_node.kube_binaries()["kubectl"]),
+            f"--kubeconfig={kube_node.admin_kubeconfig()}",
+            "logs",
+            "--follow",
+            "--timestamps",
+            f"--namespace={namespace}",
+            pod,
+        ],
+        stdout=into.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+# What explains a failed user request in an engine's log: vLLM's errors and HTTP 5xx lines, the store
+# client's glog errors (E1206 ...), failed store loads.
+_FAILURE_LINE = re.compile(r'" 5\d\d |\bERROR\b|^E\d{4} |Failed to get|timed out|no transfer progress')
+
+
+def failure_lines(log_text: str, start: datetime, end: datetime, limit: int = 20) -> list[str]:
+    """The lines of a `--timestamps` log stamped within [start, end] that can explain a failure."""
+    found = []
+    for line in log_text.splitlines():
+        stamp, _, message = line.partition(" ")
+        try:
+            moment = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00")
+        except ValueError:
+            continue
+        if start <= moment <= end and _FAILURE_LINE.search(message):
+            found.append(f"{stamp[11:23]} {message[:300]}")
+    return found[:limit]
+
+
 class ServedLedger:
     """Samples the replicas' counters and the canary status on a thread until closed."""
 
-    def __init__(self, name: str, *, period_s: float = 1.0) -> None:
+    def __init__(self, name: str, *, period_s: float = 1.0, log_dir: Path | None = None) -> None:
         self.name = name
         self.period = period_s
+        # With `log_dir`, every replica pod instance's engine log is followed into it from the sample
+        # that first lists the pod: the evidence of a failure on a pod that is gone by the time it is read.
+        self.log_dir = log_dir
+        self.followers: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.instances: dict[tuple[str, str, int], Instance] = {}
         self.runs: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
@@ -216,6 +260,10 @@ class ServedLedger:
         self._stop.set()
         self._thread.join()
         self.sample()
+        for follower in self.followers.values():
+            if follower.poll() is None:
+                follower.terminate()
+            follower.wait()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period):
@@ -228,6 +276,7 @@ class ServedLedger:
         counts: list[tuple[tuple[str, str, int], float, datetime | None]] = []
         labels: dict[tuple[str, str, int], str | None] = {}
         for pod in replica_pods(self.name):
+            self._follow(pod)
             ip = pod["status"].get("podIP")
             restarts, started = engine_state(pod)
             key = (pod["metadata"]["name"], pod["metadata"]["uid"], restarts)
@@ -241,6 +290,24 @@ class ServedLedger:
         # The status after the counters: a run it does not show yet had not covered these samples.
         canary = (cluster.get_serving(self.name).get("status") or {}).get("canary") or {}
         self.record(counts, canary, labels)
+
+    def _follow(self, pod: dict[str, Any]) -> None:
+        key = (pod["metadata"]["name"], pod["metadata"]["uid"])
+        if self.log_dir is None or key in self.followers or not pod["status"].get("containerStatuses"):
+            return
+        into = self.log_dir / f"{key[0]}-{key[1][:8]}.log"
+        self.followers[key] = follow_pod_log(key[0], pod["metadata"]["namespace"], into)
+
+    def failure_evidence(self, start: datetime, end: datetime) -> dict[str, list[str]]:
+        """Per followed pod instance, its log lines within [start, end] that can explain a failure."""
+        if self.log_dir is None:
+            return {}
+        evidence = {}
+        for path in sorted(self.log_dir.glob("*.log")):
+            lines = failure_lines(path.read_text(errors="replace"), start, end)
+            if lines:
+                evidence[path.stem] = lines
+        return evidence
 
     def record(
         self,

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from tests.support import cluster
@@ -130,7 +133,9 @@ def run_scenario(
     assert condition(status_of(name), "Ready").get("status") == "True", f"{name} not Ready before {scenario}"
     api_before = operator_counters(API_REQUESTS)
     canaries_before = operator_counters(CANARY_RUNS)
-    with ServedLedger(name) as ledger, ClientLoad(client_url(name), cluster.client_model_name()) as load:
+    log_dir = Path(tempfile.mkdtemp(prefix="fault-replica-logs-"))
+    load_url, model = client_url(name), cluster.client_model_name()
+    with ServedLedger(name, log_dir=log_dir) as ledger, ClientLoad(load_url, model) as load:
         time.sleep(BASELINE_S)
         baseline = [r for r in load.snapshot() if r.status == 200]
         assert baseline, f"no request succeeded before the fault: {load.snapshot()}"
@@ -196,6 +201,16 @@ def run_scenario(
     }
     if unproven_evidence:
         result["unproven_evidence"] = unproven_evidence
+    if errors:
+        # What the engines logged while those requests ran (pods since replaced included): the log
+        # lines that can explain them, and where every replica's whole log is kept.
+        window = [fault_wall + r.started - fault_at for r in errors]
+        start = datetime.fromtimestamp(min(window) - 5, UTC)
+        end = datetime.fromtimestamp(
+            max(fault_wall + r.started - fault_at + r.latency_s for r in errors) + 5, UTC
+        )
+        result["replica_logs"] = str(log_dir)
+        result["replica_log_at_errors"] = ledger.failure_evidence(start, end)
     if any(isinstance(r.status, int) and r.status >= 500 for r in responses):
         # A bare HTTP 500 from vLLM is most often a failed store load, said only in the replica's log.
         try:

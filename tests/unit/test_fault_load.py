@@ -17,6 +17,7 @@ from tests.support.fault_load import (
     ServedLedger,
     counted_since,
     covers,
+    failure_lines,
     failure_window,
     operator_process,
 )
@@ -181,3 +182,21 @@ def test_a_restarted_operator_container_is_a_new_process_whose_counters_count_fr
     # process's 12 requests are counted, not 12 - 100.
     assert counted_since({before: 100.0}, {after: 12.0}) == 12.0
     assert operator_process({"metadata": {"name": "op-b"}, "status": {}}) == "op-b#0"
+
+
+def test_the_log_lines_that_explain_a_failure_are_those_within_its_window() -> None:
+    chat = '"POST /v1/chat/completions HTTP/1.1"'
+    log = "\n".join(
+        [
+            f"2026-12-06T06:22:09.100000000Z INFO:     10.244.0.1:1 - {chat} 500 Internal",
+            "2026-12-06T06:22:10.000000000Z E1206 06:22:10.000000   120 tcp.h:518] no transfer progress",
+            f"2026-12-06T06:22:11.000000000Z INFO:     10.244.0.1:2 - {chat} 200 OK",
+            "2026-12-06T06:25:00.000000000Z E1206 06:25:00.000000   120 later error, outside the window",
+            "not a stamped line",
+        ]
+    )
+    start = datetime(2026, 12, 6, 6, 22, 0, tzinfo=UTC)
+    end = datetime(2026, 12, 6, 6, 23, 0, tzinfo=UTC)
+    lines = failure_lines(log, start, end)
+    assert [line.split(" ", 1)[0] for line in lines] == ["06:22:09.100", "06:22:10.000"]
+    assert "500 Internal" in lines[0] and "no transfer progress" in lines[1]
