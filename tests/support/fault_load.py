@@ -293,7 +293,8 @@ class ServedLedger:
 
     def _follow(self, pod: dict[str, Any]) -> None:
         key = (pod["metadata"]["name"], pod["metadata"]["uid"])
-        if self.log_dir is None or key in self.followers or not pod["status"].get("containerStatuses"):
+        # Only once its container runs: `kubectl logs -f` of a container still being created exits at once.
+        if self.log_dir is None or key in self.followers or engine_state(pod)[1] is None:
             return
         into = self.log_dir / f"{key[0]}-{key[1][:8]}.log"
         self.followers[key] = follow_pod_log(key[0], pod["metadata"]["namespace"], into)
