@@ -242,7 +242,8 @@ class ServedLedger:
         self.name = name
         self.period = period_s
         # With `log_dir`, every replica pod instance's engine log is followed into it from the sample
-        # that first lists the pod: the evidence of a failure on a pod that is gone by the time it is read.
+        # that first lists the pod running: the evidence of a failure on a pod that is gone by the time it
+        # is read (a container restarted in place ends its follower; its next process is not followed).
         self.log_dir = log_dir
         self.followers: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.instances: dict[tuple[str, str, int], Instance] = {}
