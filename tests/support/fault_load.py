@@ -365,8 +365,9 @@ class ServedLedger:
             moment = parse_time(value)
             return round(moment.timestamp() - since, 1) if moment is not None else None
 
+        started = instance.started_at
         return {
-            "engine_started_s": after(instance.started_at.isoformat()) if instance.started_at else None,
+            "engine_started_s": round(started.timestamp() - since, 1) if started is not None else None,
             "rises": [(round(at - since, 1), count, label) for at, count, label in instance.rises],
             "proven_by": instance.proven_by,
             "runs_seen": [

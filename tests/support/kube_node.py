@@ -404,19 +404,26 @@ def audited_lists(user_prefix: str, since: datetime) -> Counter[str]:
 # Configuration files.
 
 
-def containerd_config(pause_image: str) -> str:
+def _containerd_store_and_sockets(top_level: str = "") -> str:
+    """The top of every containerd config here: one image store, one state directory, one socket;
+    `top_level`: more top-level keys (TOML puts them before the first table)."""
     containerd = ROOT / "containerd"
-    cri = '[plugins."io.containerd.grpc.v1.cri"]'
-    runc = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]'
     return f"""version = 2
-# The image store outlives `down` (a cache keyed by the images' content); the rest does not.
+{top_level}# The image store outlives `down` (a cache keyed by the images' content); the rest does not.
 root = "{cache_root() / "cluster" / "containerd"}"
 state = "{containerd / "state"}"
 [grpc]
   address = "{CONTAINERD_SOCKET}"
 [ttrpc]
   address = "{containerd / "ttrpc.sock"}"
-[plugins."io.containerd.internal.v1.opt"]
+"""
+
+
+def containerd_config(pause_image: str) -> str:
+    containerd = ROOT / "containerd"
+    cri = '[plugins."io.containerd.grpc.v1.cri"]'
+    runc = '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]'
+    return f"""{_containerd_store_and_sockets()}[plugins."io.containerd.internal.v1.opt"]
   path = "{containerd / "opt"}"
 {cri}
   # The pod sandbox image is built here (images/pause); nothing is ever pulled.
@@ -649,15 +656,7 @@ def _import_layout(layout: Path) -> None:
 def store_only_containerd_config() -> str:
     """containerd with the cluster's image store and nothing else (no CRI: no pods, no CNI, no mounts
     outside its own state): what `preload_images` needs."""
-    return f"""version = 2
-root = "{cache_root() / "cluster" / "containerd"}"
-state = "{ROOT / "containerd" / "state"}"
-disabled_plugins = ["io.containerd.grpc.v1.cri"]
-[grpc]
-  address = "{CONTAINERD_SOCKET}"
-[ttrpc]
-  address = "{ROOT / "containerd" / "ttrpc.sock"}"
-"""
+    return _containerd_store_and_sockets('disabled_plugins = ["io.containerd.grpc.v1.cri"]\n')
 
 
 def preload_images(log: Log) -> None:
