@@ -46,7 +46,8 @@ DECLARED_LIFETIME_S = 3600
 REVOKED_WITHIN_S = 30.0
 WATCH_S = 3.0  # the revoked operator's watch timeout: kopf's watch reconnects (and meets the 401) quickly
 
-# Hands out the next token of TOKENS_FILE on each run, expiring LIFETIME_S later; logs each run.
+# Hands out the next token of TOKENS_FILE on each run, expiring LIFETIME_S later (to the microsecond:
+# whole seconds would leave as little as one, less than a loaded machine's plugin run); logs each run.
 PLUGIN = """\
 #!{python}
 import datetime, json, os
@@ -57,7 +58,7 @@ with open(runs, "a") as f:
     f.write(json.dumps(os.environ.get("KUBERNETES_EXEC_INFO")) + "\\n")
 expires = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds={lifetime})
 status = {{"token": tokens[count % len(tokens)]}}
-status["expirationTimestamp"] = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+status["expirationTimestamp"] = expires.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 version = "client.authentication.k8s.io/v1"
 print(json.dumps({{"apiVersion": version, "kind": "ExecCredential", "status": status}}))
 """

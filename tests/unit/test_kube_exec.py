@@ -412,6 +412,19 @@ def test_kopf_login_gets_the_plugins_token_and_its_expiry(tmp_path: Path) -> Non
     assert asyncio.run(config.bearer())[0] == "tok-2"  # the operator's own client shares the cache
 
 
+def test_kopf_login_keeps_a_token_handed_out_already_expired_until_it_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # kopf would drop it at once and log in again, in a loop: it gets no expiry, and a warning says why.
+    write_plugin(tmp_path)
+    config = config_of(tmp_path, stanza(tmp_path / "state", env={"PLUGIN_EXPIRES": "2020-01-01T00:00:00Z"}))
+    with caplog.at_level("WARNING", logger="mooncake_operator.runtime.settings"):
+        info = asyncio.run(connection_info(config))
+    assert (info.token, info.expiration) == ("tok-1", None)
+    assert "expires at 2020-01-01T00:00:00+00:00" in caplog.text
+    assert "clock ahead" in caplog.text
+
+
 # --------------------------------------------------------------------------- KUBECONFIG lists
 
 

@@ -7,9 +7,11 @@ that points canaries at URLs other than the per-replica DNS names (tests, the sa
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from mooncake_operator.canary.models import (
 )
 from mooncake_operator.kube.config import KubeConfig
 
+logger = logging.getLogger("mooncake_operator.runtime.settings")
+
 # The client gives up on a watch this long after the server's own timeout, then reconnects.
 WATCH_CLIENT_GRACE_SECONDS = 30.0
 # The operator's default ceilings on the canary's body caps: 4x the chat default, 2x the metrics default.
@@ -35,6 +39,8 @@ DEFAULT_CANARY_MAX_CHAT_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_CANARY_MAX_METRICS_BODY_BYTES = 2 * DEFAULT_MAX_METRICS_BODY_BYTES
 MIN_BODY_BYTES = 1024
 _NAMESPACE_RE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label
+# A token handed to kopf must outlive kopf's own check of it (see connection_info).
+LOGIN_EXPIRY_FLOOR = timedelta(seconds=1)
 
 
 class SettingsError(ValueError):
@@ -238,6 +244,17 @@ async def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
     if config.exec_credentials is not None:
         credential = await config.exec_credentials.refresh()
         token, expires = credential.token, credential.expires
+        if expires is not None and expires - datetime.now(UTC) < LOGIN_EXPIRY_FLOOR:
+            # kopf drops a credential past its expiry the moment it gets one and logs in again: such a
+            # plugin (a skewed clock, a slow run) would run in a loop and nothing would be watched.
+            logger.warning(
+                "exec plugin %s handed out a token that expires at %s, within %s of now: kopf uses it "
+                "until the API server refuses it (is this machine's clock ahead of the token issuer's?)",
+                config.exec_credentials.plugin.command,
+                expires.isoformat(),
+                LOGIN_EXPIRY_FLOOR,
+            )
+            expires = None
     else:
         token, expires = await config.bearer()
     return kopf.ConnectionInfo(
