@@ -31,6 +31,8 @@ THEIR_KV = json.loads(CUSTOMER_ARGV[KV_AT])
 OUR_KV = {**THEIR_KV, "kv_load_failure_policy": "fail"}
 OUR_ARGV = (*CUSTOMER_ARGV[:KV_AT], json.dumps(OUR_KV, separators=(",", ":")), *CUSTOMER_ARGV[KV_AT + 1 :])
 EVIDENCE_WITH_EAGLE = ("--enable-prompt-tokens-details", "--per-request-spec-decode-metrics", "summary")
+# The engine finishes in-flight requests on SIGTERM and closes its store client (a clean unmount).
+DRAIN = ("--shutdown-timeout", "20")
 
 
 def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
@@ -43,7 +45,8 @@ def spec(*, isolate_revisions: bool = False) -> MooncakeServingSpec:
 def test_production_argv_equals_the_customers_item_by_item() -> None:
     launch = replica_launch(spec(), master_address="10.0.0.10:50051", port=8000)
     assert launch.argv[: len(OUR_ARGV)] == OUR_ARGV
-    assert launch.argv[len(OUR_ARGV) :] == (*EVIDENCE_WITH_EAGLE, "--host", "0.0.0.0", "--port", "8000")
+    ours = (*EVIDENCE_WITH_EAGLE, *DRAIN, "--host", "0.0.0.0", "--port", "8000")
+    assert launch.argv[len(OUR_ARGV) :] == ours
 
 
 def test_every_answer_carries_its_own_evidence_for_the_canary() -> None:
@@ -63,7 +66,7 @@ def test_without_a_draft_there_is_no_spec_decode_evidence_flag() -> None:
         argv = replica_launch(plain, master_address="m:1", substitutions=substitutions).argv
         assert PER_REQUEST_FLAG in argv
         assert not any(arg.startswith("--per-request-spec-decode-metrics") for arg in argv)
-        assert argv[argv.index(PER_REQUEST_FLAG) + 1] == "--host"
+        assert argv[argv.index(PER_REQUEST_FLAG) + 1] == DRAIN[0]
 
 
 def test_store_isolation_is_on_by_default_and_adds_only_the_cache_prefix() -> None:
@@ -131,7 +134,7 @@ def test_extra_args_follow_host_and_port() -> None:
     )
     argv = replica_launch(custom, master_address="m:1", host="127.0.0.1", port=8123).argv
     assert argv[-5:] == ("--host", "127.0.0.1", "--port", "8123", "--enable-prompt-embeds")
-    assert argv[-8:-5] == tuple(evidence_args(custom))
+    assert argv[-10:-5] == (*evidence_args(custom), *DRAIN)
 
 
 def test_load_async_goes_into_the_connector_extra_config() -> None:
@@ -190,6 +193,7 @@ def test_sandbox_argv_substitutes_only_what_a_cpu_forces() -> None:
         "--speculative-config",
         '{"method":"eagle3","model":"/tmp/models/draft","num_speculative_tokens":3,"draft_tensor_parallel_size":1}',
         *EVIDENCE_WITH_EAGLE,
+        *DRAIN,
         "--host",
         "127.0.0.1",
         "--port",

@@ -186,6 +186,16 @@ def test_pre_stop_drains_within_the_budget_and_grace_matches() -> None:
     assert pod_spec(default)["terminationGracePeriodSeconds"] == 300 + ENGINE_SHUTDOWN_SECONDS
 
 
+def test_after_the_pre_stop_the_grace_outlasts_the_engines_own_drain_and_teardown() -> None:
+    # SIGTERM comes after the preStop, with at least ENGINE_SHUTDOWN_SECONDS of the grace left: the engine
+    # drains for --shutdown-timeout, then closes its store client (up to 5 s for queued puts) and exits
+    # before the kubelet's SIGKILL, so its store segment is unmounted, not left to the master's client TTL.
+    argv = engine(parse_resource(example()))["command"]
+    shutdown_timeout = int(argv[argv.index("--shutdown-timeout") + 1])
+    assert shutdown_timeout > 0  # vLLM's 0 aborts in-flight requests and force-kills the workers
+    assert shutdown_timeout + 5 + 5 <= ENGINE_SHUTDOWN_SECONDS  # drain, queued puts, the rest
+
+
 class _Metrics(BaseHTTPRequestHandler):
     busy_until = 0.0
 

@@ -141,7 +141,8 @@ def replica_container(resource: MooncakeServing) -> dict[str, Any]:
 
 def test_replica_command_is_the_customers_argv_item_by_item() -> None:
     # The additions: the store key namespace of the KV fingerprint (spec.store.isolateRevisions), the
-    # store's load-failure policy, and the flags that give each answer the canary's per-request evidence.
+    # store's load-failure policy, the flags that give each answer the canary's per-request evidence,
+    # and the engine's own drain on SIGTERM.
     resource = reference_deployment()
     command = replica_container(resource)["command"]
     kv_at = CUSTOMER_ARGV.index("--kv-transfer-config") + 1
@@ -150,7 +151,8 @@ def test_replica_command_is_the_customers_argv_item_by_item() -> None:
     kv["kv_load_failure_policy"] = "fail"  # vLLM's default, rendered explicitly
     expected = [*CUSTOMER_ARGV[:kv_at], json.dumps(kv, separators=(",", ":")), *CUSTOMER_ARGV[kv_at + 1 :]]
     evidence = ["--enable-prompt-tokens-details", "--per-request-spec-decode-metrics", "summary"]
-    assert command == [*expected, *evidence, "--host", "0.0.0.0", "--port", "8000"]
+    drain = ["--shutdown-timeout", "20"]  # in-flight requests finish on SIGTERM; the store unmounts cleanly
+    assert command == [*expected, *evidence, *drain, "--host", "0.0.0.0", "--port", "8000"]
 
 
 def test_replica_command_comes_from_engine_args() -> None:

@@ -37,6 +37,8 @@ MANAGED_ENGINE_FLAGS = {
     PER_REQUEST_FLAG: _PER_REQUEST_EVIDENCE,
     "--no-" + PER_REQUEST_FLAG.removeprefix("--"): _PER_REQUEST_EVIDENCE,
     PER_REQUEST_SPEC_OPTION: _PER_REQUEST_EVIDENCE,
+    "--shutdown-timeout": "(managed by the operator: the engine's drain on SIGTERM, within pod.drainSeconds' "
+    "grace; docs/operator.md)",
     # A config file can set every flag, managed ones included.
     "--config": "(a config file could set managed flags; use the typed fields and extraArgs)",
 }

@@ -246,6 +246,16 @@ def evidence_args(spec: MooncakeServingSpec) -> list[str]:
     return args
 
 
+# `--shutdown-timeout`: on SIGTERM the engine finishes its in-flight requests for up to this long, then
+# tears down, closing its store client, which unmounts its segment, so the master stops handing out
+# the blocks this replica held. vLLM's default, 0, aborts the requests (EngineDeadError) and force-kills
+# the workers: the store client never closes, and for the master's client TTL every reader of those
+# blocks fails its transfer ("Connection refused"), which loadFailurePolicy fail makes an HTTP 500
+# (measured: bench/RESULTS.md, "A departing replica's blocks").
+SHUTDOWN_TIMEOUT_SECONDS = 20
+SHUTDOWN_TIMEOUT_FLAG = "--shutdown-timeout"
+
+
 def _model_args(spec: MooncakeServingSpec, entrypoint: Sequence[str], model: str) -> list[str]:
     # `vllm serve` takes the model as its positional argument; the API server module takes --model.
     return [model] if tuple(entrypoint) == VLLM_SERVE else ["--model", model]
@@ -303,6 +313,7 @@ def replica_launch(
     if speculative is not None:
         argv += ["--speculative-config", _compact_json(speculative)]
     argv += evidence_args(spec)
+    argv += [SHUTDOWN_TIMEOUT_FLAG, str(SHUTDOWN_TIMEOUT_SECONDS)]
     argv += ["--host", host, "--port", str(port)]
     argv += spec.engine.extra_args
     env = {

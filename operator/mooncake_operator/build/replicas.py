@@ -15,7 +15,11 @@ from mooncake_operator.api.replica_pod import HF_HOME_PATH, TMP_PATH
 from mooncake_operator.api.resource import MooncakeServing
 from mooncake_operator.api.spec import MooncakeServingSpec
 from mooncake_operator.build.digests import json_digest
-from mooncake_operator.build.engine_args import DEFAULT_STORE_CONFIG_PATH, replica_launch
+from mooncake_operator.build.engine_args import (
+    DEFAULT_STORE_CONFIG_PATH,
+    SHUTDOWN_TIMEOUT_SECONDS,
+    replica_launch,
+)
 from mooncake_operator.build.etcd import etcd_ca_mounts, etcd_ca_volumes, ha_topology
 from mooncake_operator.build.names import (
     COMPONENT_REPLICA,
@@ -290,7 +294,9 @@ MEMLOCK_WRAPPER = ("/bin/sh", "-c", 'ulimit -l unlimited && exec "$0" "$@"')
 
 TMP_VOLUME = "tmp"
 WRITABLE_CACHE_ENV = {"XDG_CACHE_HOME": "/tmp/cache", "TRITON_CACHE_DIR": "/tmp/triton"}
-ENGINE_SHUTDOWN_SECONDS = 30
+# After the preStop drain: the engine's own drain on SIGTERM (--shutdown-timeout), then its teardown
+# (the store client waits up to 5 s for queued puts, then closes and unmounts its segment).
+ENGINE_SHUTDOWN_SECONDS = SHUTDOWN_TIMEOUT_SECONDS + 10
 DRAIN_SETTLE_SECONDS = 5
 # Run by the engine image's python3 (stdlib only). argv: port, budget, settle seconds. Any failure to read
 # the metrics ends the wait: the server is gone, or the hook cannot tell, and SIGTERM follows either way.
