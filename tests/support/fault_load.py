@@ -140,6 +140,7 @@ class Instance:
     unproven_max: float = 0.0
     last_count: float = 0.0
     proven_by: str | None = None
+    proven_at: datetime | None = None  # when the run that proved it finished
     # Each rise of its counter while unproven: (wall time of the sample, count, its traffic label then);
     # what a report shows when the instance served users before a proof the ledger saw.
     rises: list[tuple[float, float, str | None]] = field(default_factory=list)
@@ -216,6 +217,26 @@ def follow_pod_log(pod: str, namespace: str, into: Path) -> subprocess.Popen[byt
     )
 
 
+# An access line of vLLM's HTTP server (uvicorn) in a `--timestamps` log: the time, the client's address.
+_CHAT_ACCESS_LINE = re.compile(r'^(\S+) INFO:\s+(\[?[0-9a-fA-F.:]+?\]?):\d+ - "POST /v1/chat/completions ')
+
+
+def chat_requests(log_text: str) -> list[tuple[datetime, str]]:
+    """(time, client address) of each chat request a `--timestamps` engine log shows."""
+    found = []
+    for line in log_text.splitlines():
+        match = _CHAT_ACCESS_LINE.match(line)
+        if match is None:
+            continue
+        stamp = match.group(1)
+        try:
+            moment = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00")
+        except ValueError:
+            continue
+        found.append((moment, match.group(2).strip("[]")))
+    return found
+
+
 # What explains a failed user request in an engine's log: vLLM's errors and HTTP 5xx lines, the store
 # client's glog errors (E1206 ...), failed store loads.
 _FAILURE_LINE = re.compile(r'" 5\d\d |\bERROR\b|^E\d{4} |Failed to get|timed out|no transfer progress')
@@ -235,6 +256,9 @@ def failure_lines(log_text: str, start: datetime, end: datetime, limit: int = 20
     return found[:limit]
 
 
+OPERATOR_IPS_EVERY = 5
+
+
 class ServedLedger:
     """Samples the replicas' counters and the canary status on a thread until closed."""
 
@@ -248,6 +272,9 @@ class ServedLedger:
         self.followers: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self.instances: dict[tuple[str, str, int], Instance] = {}
         self.runs: dict[str, dict[str, Any]] = {}
+        # Every address an operator pod had while the ledger ran: the canary's requests come from them.
+        self.operator_ips: set[str] = set()
+        self.samples = 0
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="served-ledger", daemon=True)
@@ -288,6 +315,9 @@ class ServedLedger:
             except httpx.HTTPError:
                 continue  # the engine is not serving metrics (starting, or just killed)
             labels[key] = (pod["metadata"].get("labels") or {}).get(TRAFFIC_LABEL)
+        self.samples += 1
+        if self.samples % OPERATOR_IPS_EVERY == 1:  # an operator pod lives far longer than this many samples
+            self.operator_ips |= {ip for pod in operator_pods() if (ip := pod["status"].get("podIP"))}
         # The status after the counters: a run it does not show yet had not covered these samples.
         canary = (cluster.get_serving(self.name).get("status") or {}).get("canary") or {}
         self.record(counts, canary, labels)
@@ -335,6 +365,7 @@ class ServedLedger:
                     instance.unproven_max = max(instance.unproven_max, count)
                 else:
                     instance.proven_by = proof["runId"]
+                    instance.proven_at = parse_time(proof.get("finishedAt"))
 
     def canary_requests(self, instance: Instance) -> int:
         """The chat requests the canary sent this instance before it was proven (cold as writer,
@@ -383,17 +414,36 @@ class ServedLedger:
             ],
         }
 
+    def logged_user_requests(self, instance: Instance) -> int | None:
+        """The chat requests in `instance`'s followed access log sent from any address but an operator
+        pod's and stamped before its proof finished; None without a log of its own (no `log_dir`, or a
+        container restarted in place, whose next process is not followed). Unlike its counter less the
+        runs in the status, this also tells apart the requests of a canary run that never reached the
+        status (cancelled by an operator restart)."""
+        if self.log_dir is None or instance.restarts:
+            return None
+        path = self.log_dir / f"{instance.pod}-{instance.uid[:8]}.log"
+        if not path.exists():
+            return None
+        return sum(
+            1
+            for moment, source in chat_requests(path.read_text(errors="replace"))
+            if source not in self.operator_ips and (instance.proven_at is None or moment < instance.proven_at)
+        )
+
     def unproven_user_requests(self, *, born_after: float | None = None) -> dict[str, float]:
-        """Per instance first seen unproven (`pod uid restarts`): its requests served while unproven
-        minus the canary's; every value must be 0. `born_after`: only instances whose engine started
-        after this wall-clock time (the ones the fault created)."""
+        """Per instance first seen unproven (`pod uid restarts`): the users' requests it served while
+        unproven, from its access log where the ledger followed it, else its counter less the canary's
+        requests in the runs the status showed; every value must be 0. `born_after`: only instances whose
+        engine started after this wall-clock time (the ones the fault created)."""
         result = {}
         for instance in self.instances.values():
             if born_after is not None and (
                 instance.started_at is None or instance.started_at.timestamp() < born_after
             ):
                 continue
-            user = instance.unproven_max - self.canary_requests(instance)
+            logged = self.logged_user_requests(instance)
+            user = instance.unproven_max - self.canary_requests(instance) if logged is None else logged
             result[instance_name(instance)] = max(user, 0.0)
         return result
 

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from tests.support.fake_vllm import DEFAULT_MODEL, FakeCluster, Mode
@@ -120,6 +121,39 @@ def test_user_requests_to_an_unproven_instance_are_its_count_less_the_canarys() 
     assert instance.proven_by == "r1"
     assert ledger.canary_requests(instance) == 2
     assert ledger.unproven_user_requests() == {"demo-replica-0 uid-0 r0": 1.0}
+
+
+def test_with_followed_logs_the_users_requests_are_read_from_the_access_log(tmp_path: Path) -> None:
+    # The counter rose by 4 before the proof: two requests of the run the status shows, one of a run
+    # that never reached it (an operator restarted mid-run; its new pod has another address), one user's.
+    # From the counters less the recorded run that would be 2; the access log tells them apart.
+    (tmp_path / f"{POD}-uid-0.log").write_text(
+        "2026-12-02T08:00:10.000000001Z INFO:     10.244.0.9:40000 - "
+        '"POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+        "2026-12-02T08:00:20.5Z INFO:     10.244.0.7:40001 - "
+        '"POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+        "2026-12-02T08:00:21.000000000Z INFO:     10.244.0.7:40002 - "
+        '"POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+        "2026-12-02T08:00:25.000000000Z INFO:     10.244.0.1:51000 - "
+        '"POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+        "2026-12-02T08:00:26.000000000Z INFO:     10.244.0.1:51001 - "
+        '"GET /health HTTP/1.1" 200 OK\n'
+        # After the proof (08:00:30): users are allowed.
+        "2026-12-02T08:00:31.000000000Z INFO:     10.244.0.1:51002 - "
+        '"POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+    )
+    ledger = ServedLedger("demo", log_dir=tmp_path)
+    ledger.operator_ips |= {"10.244.0.9", "10.244.0.7"}
+    ledger.record([(KEY, 0.0, STARTED)], {})
+    ledger.record([(KEY, 4.0, STARTED)], run("r1", "Passed", "2026-12-02T08:00:30Z"))
+    (instance,) = ledger.instances.values()
+    assert instance.proven_at == datetime(2026, 12, 2, 8, 0, 30, tzinfo=UTC)
+    assert ledger.logged_user_requests(instance) == 1
+    assert ledger.unproven_user_requests() == {"demo-replica-0 uid-0 r0": 1.0}
+    # A restarted container's next process has no log of its own: the counters decide.
+    ledger.record([((POD, "uid-0", 1), 2.0, STARTED)], {})
+    restarted = ledger.instances[(POD, "uid-0", 1)]
+    assert ledger.logged_user_requests(restarted) is None
 
 
 def test_a_user_request_on_an_unproven_instance_comes_with_its_evidence() -> None:
