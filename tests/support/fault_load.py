@@ -217,6 +217,14 @@ def follow_pod_log(pod: str, namespace: str, into: Path) -> subprocess.Popen[byt
     )
 
 
+def log_time(stamp: str) -> datetime | None:
+    """The time `kubectl logs --timestamps` put before a line (nanoseconds cut to microseconds)."""
+    try:
+        return datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00")
+    except ValueError:
+        return None
+
+
 # An access line of vLLM's HTTP server (uvicorn) in a `--timestamps` log: the time, the client's address.
 _CHAT_ACCESS_LINE = re.compile(r'^(\S+) INFO:\s+(\[?[0-9a-fA-F.:]+?\]?):\d+ - "POST /v1/chat/completions ')
 
@@ -228,12 +236,9 @@ def chat_requests(log_text: str) -> list[tuple[datetime, str]]:
         match = _CHAT_ACCESS_LINE.match(line)
         if match is None:
             continue
-        stamp = match.group(1)
-        try:
-            moment = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00")
-        except ValueError:
-            continue
-        found.append((moment, match.group(2).strip("[]")))
+        moment = log_time(match.group(1))
+        if moment is not None:
+            found.append((moment, match.group(2).strip("[]")))
     return found
 
 
@@ -247,11 +252,8 @@ def failure_lines(log_text: str, start: datetime, end: datetime, limit: int = 20
     found = []
     for line in log_text.splitlines():
         stamp, _, message = line.partition(" ")
-        try:
-            moment = datetime.fromisoformat(stamp[:26].rstrip("Z") + "+00:00")
-        except ValueError:
-            continue
-        if start <= moment <= end and _FAILURE_LINE.search(message):
+        moment = log_time(stamp)
+        if moment is not None and start <= moment <= end and _FAILURE_LINE.search(message):
             found.append(f"{stamp[11:23]} {message[:300]}")
     return found[:limit]
 
@@ -322,12 +324,17 @@ class ServedLedger:
         canary = (cluster.get_serving(self.name).get("status") or {}).get("canary") or {}
         self.record(counts, canary, labels)
 
+    def log_path(self, pod: str, uid: str) -> Path:
+        """Where a pod instance's followed log goes (needs `log_dir`)."""
+        assert self.log_dir is not None
+        return self.log_dir / f"{pod}-{uid[:8]}.log"
+
     def _follow(self, pod: dict[str, Any]) -> None:
         key = (pod["metadata"]["name"], pod["metadata"]["uid"])
         # Only once its container runs: `kubectl logs -f` of a container still being created exits at once.
         if self.log_dir is None or key in self.followers or engine_state(pod)[1] is None:
             return
-        into = self.log_dir / f"{key[0]}-{key[1][:8]}.log"
+        into = self.log_path(key[0], key[1])
         self.followers[key] = follow_pod_log(key[0], pod["metadata"]["namespace"], into)
 
     def failure_evidence(self, start: datetime, end: datetime) -> dict[str, list[str]]:
@@ -422,7 +429,7 @@ class ServedLedger:
         status (cancelled by an operator restart)."""
         if self.log_dir is None or instance.restarts:
             return None
-        path = self.log_dir / f"{instance.pod}-{instance.uid[:8]}.log"
+        path = self.log_path(instance.pod, instance.uid)
         if not path.exists():
             return None
         return sum(
