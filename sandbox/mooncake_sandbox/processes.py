@@ -135,19 +135,37 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pgid, signum)
 
+    def signal_leader(self, signum: signal.Signals) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self.pid, signum)
+
     def group_alive(self) -> bool:
         return bool(group_members(self.pgid))
 
 
-def stop_processes(processes: Sequence[ManagedProcess], *, grace_s: float = 10.0) -> list[str]:
+def stop_processes(
+    processes: Sequence[ManagedProcess], *, grace_s: float = 10.0, leaders_only: bool = False
+) -> list[str]:
     """SIGTERM every group, SIGKILL what is left after `grace_s`, reap. Returns problems, if any.
 
+    With `leaders_only`, SIGTERM goes to each group's leader alone, as the kubelet signals a container's
+    PID 1: the server then stops its own children (vLLM drains and its workers close their store
+    clients); SIGKILL still goes to the whole group, as at the end of a pod's grace period.
     Synchronous on purpose: teardown must not be interruptible by task cancellation.
     """
     for process in processes:
-        process.signal_group(signal.SIGTERM)
+        if leaders_only:
+            process.signal_leader(signal.SIGTERM)
+        else:
+            process.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(_reap(p) for p in processes):
+        if leaders_only:
+            for process in processes:
+                if process.exit_code() is not None:
+                    # As the kernel ends a container whose PID 1 exited: the rest of it at once.
+                    process.signal_group(signal.SIGKILL)
         time.sleep(0.1)
     for process in processes:
         if _reap(process):

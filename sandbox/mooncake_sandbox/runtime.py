@@ -42,9 +42,10 @@ from mooncake_operator.build.engine_args import (
     master_argv,
     replica_launch,
 )
+from mooncake_operator.build.replicas import ENGINE_SHUTDOWN_SECONDS
 from mooncake_operator.canary import policy
 from mooncake_operator.canary.client import CounterScrapeError, chat, scrape_counters
-from mooncake_operator.canary.metrics import EXTERNAL_HITS
+from mooncake_operator.canary.metrics import EXTERNAL_HITS, MetricsFormatError, parse_samples
 from mooncake_operator.canary.models import CanaryConfig
 from mooncake_operator.canary.request import reference_request
 from mooncake_sandbox.cpu_stalls import CpuStallWatch
@@ -84,13 +85,15 @@ SANDBOX_RUNTIME_ENV: Mapping[str, str] = {
 # The master drops a store client (and unmounts its segment) after client_ttl seconds without a
 # heartbeat. Its default, 10 s, is too short on a loaded 2-core machine: busy engines missed their
 # heartbeats, got unmounted while alive, and transfers to or from them failed. The sandbox raises it
-# (and says so). The price: a stopped replica's segment stays mounted that long, and the master may
-# still place blocks in it, so a restart waits it out before the sandbox is used again.
+# (and says so). The price: a killed replica's segment stays mounted that long (a drained one
+# unmounts it at once), and the master may still place blocks in it: a restart waits until it is gone.
 MASTER_CLIENT_TTL_S = 60
 # A reader holds a lease on the keys it loads; the master's default (10 s) failed the occasional slow
 # first transfer on this 2-core machine ("lease_expired_before_data_transfer_completed", HTTP 500),
 # so the sandbox gives transfers two minutes. Nothing is evicted from the tiny sandbox store anyway.
 MASTER_KV_LEASE_TTL_S = 120
+# The master's gauge of the bytes in mounted store segments (its /metrics).
+MASTER_CAPACITY = "master_total_capacity_bytes"
 # Both as spec.store.master fields, so the master's command line comes from engine_args.master_argv
 # alone; examples/minimax-m2.5-eagle3-cpu.yaml sets the same values for the same reason.
 SANDBOX_MASTER_TIMING: dict[str, int] = {
@@ -121,7 +124,11 @@ class SandboxOptions:
     run_dir: Path | None = None  # default: a fresh temporary directory
     startup_timeout_s: float = 900.0
     stop_grace_s: float = 10.0
-    # After a restart, until the master has dropped the replaced processes' store segments.
+    # A restarted replica is stopped as the kubelet stops a pod: SIGTERM to its API server, this long
+    # to drain and exit (what the pod has after its preStop), then SIGKILL to what is left.
+    drain_grace_s: float = float(ENGINE_SHUTDOWN_SECONDS)
+    # At most this long after a replica stopped until the master no longer lists its store segment: a
+    # drained engine unmounts it at once, a killed one only leaves at the master's client TTL.
     segment_drop_wait_s: float = MASTER_CLIENT_TTL_S + 2.0
     # Highly available masters: a real etcd and this many masters electing a leader (0: one plain master).
     ha_masters: int = 0
@@ -281,7 +288,6 @@ class Replica:
     process: ManagedProcess | None = None
     launch: EngineLaunch | None = None
     restarts: int = 0
-    stopped_at: float | None = None  # time.monotonic() when its last process was stopped
 
     @property
     def name(self) -> str:
@@ -308,6 +314,7 @@ class Sandbox:
     # Stalls of this machine's CPUs while the sandbox runs (a verdict then may be the machine's fault).
     cpu_stalls: CpuStallWatch = field(default_factory=CpuStallWatch)
     perturbed_targets: dict[float, PerturbedTarget] = field(default_factory=dict)
+    segment_share_bytes: int = 0  # one replica's store segments, as the master counts them after start
     _stopped: bool = False
 
     # --- what users of the sandbox read ------------------------------------------------------------
@@ -322,6 +329,25 @@ class Sandbox:
     @property
     def master_metrics_url(self) -> str:
         return f"http://{LOOPBACK}:{self.master_metrics_port}/metrics"
+
+    async def store_capacity_bytes(self) -> int:
+        """The store's capacity as the (leading) master counts it: the sum of the mounted segments."""
+        if self.ha is not None:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                node = (await self.ha.epoch(client)).node
+            url = f"http://{LOOPBACK}:{node.metrics_port}/metrics"
+        else:
+            url = self.master_metrics_url
+        try:
+            async with httpx.AsyncClient(trust_env=False, timeout=10.0) as client:
+                response = await client.get(url)
+                response.raise_for_status()
+            samples = parse_samples(response.text, only={MASTER_CAPACITY})
+        except (httpx.HTTPError, MetricsFormatError) as error:
+            raise SandboxSetupError(f"the master's metrics at {url} are unreadable: {error}") from None
+        if len(samples) != 1:
+            raise SandboxSetupError(f"the master's metrics at {url} have no single {MASTER_CAPACITY} sample")
+        return int(samples[0].value)
 
     @property
     def replica_urls(self) -> list[str]:
@@ -413,6 +439,9 @@ class Sandbox:
         for replica in self.replicas:
             self._launch(replica)
         await self._wait_healthy(self.replicas)
+        # Healthy replicas have mounted their segments; they share one store configuration, so each
+        # holds the same share of the store (what a restart waits to see leave).
+        self.segment_share_bytes = await self.store_capacity_bytes() // len(self.replicas)
         await self._warm_store_paths(self.replicas)
 
     async def restart_replica(
@@ -471,8 +500,8 @@ class Sandbox:
             bound = wanted[replica.index]
             replica.perturb_nats = None if bound is None else check_bound(bound)
         await self._prepare_perturbations(chosen)
+        await self._drain_replicas(chosen)
         for replica in chosen:
-            self.stop_replica(replica.index)
             replica.engine = engine or replica.engine
             replica.speculative = replica.speculative if speculative is None else speculative
             replica.revision = replica.revision if revision is None else revision
@@ -489,15 +518,14 @@ class Sandbox:
             )
             self._launch(replica)
         await self._wait_healthy(chosen)
-        await self._wait_for_old_segments(chosen)
         await self._warm_store_paths(chosen)
 
     def stop_replica(self, index: int) -> None:
+        """Stop what is left of replica `index`'s process group now (SIGTERM to all, then SIGKILL)."""
         replica = self.replicas[index]
         if replica.process is not None:
             stop_processes([replica.process], grace_s=self.options.stop_grace_s)
             replica.process = None
-            replica.stopped_at = time.monotonic()
 
     def stop(self) -> list[str]:
         """Stop everything (idempotent). Returns teardown problems; empty when all processes are gone."""
@@ -689,15 +717,47 @@ class Sandbox:
             f"{', '.join(r.name for r in replicas)} healthy after {time.monotonic() - started:.1f} s"
         )
 
-    async def _wait_for_old_segments(self, replicas: list[Replica]) -> None:
-        """Return only once the master has dropped the segments of the processes just replaced."""
-        stopped = [r.stopped_at for r in replicas if r.stopped_at is not None]
-        if not stopped:
+    async def _drain_replicas(self, replicas: list[Replica]) -> None:
+        """Stop these replicas as the kubelet stops their pods, and return once the master no longer
+        lists their store segments (a replacement must not share the store with its predecessor's
+        blocks, and the master must not place new blocks in a segment nobody serves).
+
+        SIGTERM goes to each API server alone: vLLM drains (--shutdown-timeout), stops its workers, and
+        their store clients unmount their segments, which the master's capacity shows at once. A replica
+        that does not exit within `drain_grace_s` is killed, as is one found dead, and its segment
+        leaves only when the master's client TTL expires.
+        """
+        stopping = [r for r in replicas if r.process is not None]
+        if not stopping:
             return
-        remaining = max(stopped) + self.options.segment_drop_wait_s - time.monotonic()
-        if remaining > 0:
-            self.progress.phase(f"waiting {remaining:.0f} s for the master to drop the old store segments")
-            await asyncio.sleep(remaining)
+        names = ", ".join(r.name for r in stopping)
+        grace = self.options.drain_grace_s
+        self.progress.phase(f"stopping {names}: SIGTERM to the API server, up to {grace:.0f} s to drain")
+        processes = [r.process for r in stopping if r.process is not None]
+        started = time.monotonic()
+        problems = await asyncio.to_thread(stop_processes, processes, grace_s=grace, leaders_only=True)
+        for replica in stopping:
+            replica.process = None
+        if problems:
+            raise SandboxSetupError("; ".join(problems))
+        stopped_s = time.monotonic() - started
+        staying = sum(1 for r in self.replicas if r.process is not None and r.process.exit_code() is None)
+        expected = staying * self.segment_share_bytes
+        deadline = time.monotonic() + self.options.segment_drop_wait_s
+        capacity = await self.store_capacity_bytes()
+        while capacity > expected:
+            if time.monotonic() > deadline:
+                raise SandboxSetupError(
+                    f"the master still lists {capacity} bytes of store segments "
+                    f"{self.options.segment_drop_wait_s:.0f} s after {names} stopped (the {staying} "
+                    f"running replicas hold {expected}); the old segments were never unmounted"
+                )
+            await asyncio.sleep(_POLL_S)
+            capacity = await self.store_capacity_bytes()
+        self.progress.phase(
+            f"{names} stopped after {stopped_s:.1f} s; the master dropped their store segments "
+            f"{time.monotonic() - started - stopped_s:.1f} s later"
+        )
 
     async def _warm_store_paths(self, fresh: list[Replica]) -> None:
         """Open the store transfer path between every pair that involves a freshly started replica.

@@ -55,8 +55,14 @@ from mooncake_sandbox.runtime import (
 
 pytestmark = pytest.mark.unit
 
+FAKE_WORKER = r"""
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (open(sys.argv[1], "w").close(), sys.exit(0)))
+time.sleep(3600)
+"""
+
 FAKE_ENGINE = r"""
-import http.server, json, os, sys, time
+import http.server, json, os, signal, subprocess, sys, time
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
 behaviour = os.environ.get("FAKE_ENGINE", "serve")
@@ -66,6 +72,23 @@ with open(record, "w") as out:
 if behaviour == "exit":
     print("fake engine: cannot load the model", flush=True)
     sys.exit(7)
+# Its store segment (a file the fake master counts) and a worker in its process group, like vLLM's.
+# Stopped the kubelet's way (SIGTERM to this process alone), it stops its worker and, unless told
+# otherwise by FAKE_STOP, unmounts its segment; a worker that gets SIGTERM itself leaves a mark.
+segment = os.path.join(os.environ["FAKE_RECORDS"], "segments", str(port))
+os.makedirs(os.path.dirname(segment), exist_ok=True)
+with open(segment, "w") as out:
+    out.write("1000")
+worker = subprocess.Popen([sys.executable, "-c", WORKER, record + ".worker-sigterm"])
+stop = os.environ.get("FAKE_STOP", "drains")
+
+def on_sigterm(signum, frame):
+    worker.kill()
+    if stop == "drains":
+        os.remove(segment)
+    os._exit(0)
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN if stop == "ignores-sigterm" else on_sigterm)
 if behaviour == "never-healthy":
     time.sleep(3600)
 
@@ -107,8 +130,25 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 """
 
 FAKE_MASTER = r"""
-import socket, sys
-port = int(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("-rpc_port=")))
+import http.server, os, socket, sys, threading
+def flag(name):
+    return int(next(a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith(f"-{name}=")))
+port = int(flag("rpc_port"))
+segments = os.path.join(os.environ["FAKE_RECORDS"], "segments")
+
+class Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        mounted = os.listdir(segments) if os.path.isdir(segments) else []
+        body = f"master_total_capacity_bytes {1000 * len(mounted)}\n"
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+    def log_message(self, *args):
+        pass
+
+metrics = http.server.HTTPServer(("127.0.0.1", flag("metrics_port")), Metrics)
+threading.Thread(target=metrics.serve_forever, daemon=True).start()
 server = socket.create_server(("127.0.0.1", port))
 print("fake master: listening", sys.argv[1:], flush=True)
 while True:
@@ -125,7 +165,7 @@ def _wrapper(path: Path, script: Path) -> None:
 def prepared(tmp_path: Path) -> Prepared:
     venv = tmp_path / "engine-venv"
     (venv / "bin").mkdir(parents=True)
-    (tmp_path / "fake_engine.py").write_text(FAKE_ENGINE)
+    (tmp_path / "fake_engine.py").write_text(FAKE_ENGINE.replace("WORKER", repr(FAKE_WORKER)))
     (tmp_path / "fake_master.py").write_text(FAKE_MASTER)
     _wrapper(venv / "bin" / "python", tmp_path / "fake_engine.py")
     _wrapper(venv / "bin" / "mooncake_master", tmp_path / "fake_master.py")
@@ -171,6 +211,11 @@ class RecordingProgress(SilentProgress):
 
 def _recorded(records: Path, port: int) -> list[dict[str, object]]:
     return [json.loads(path.read_text()) for path in sorted(records.glob(f"{port}-*.json"))]
+
+
+def _workers_signalled(records: Path) -> list[Path]:
+    """Marks left by fake workers that received SIGTERM themselves."""
+    return sorted(records.glob("*.worker-sigterm"))
 
 
 def _options(tmp_path: Path, **changes: object) -> SandboxOptions:
@@ -343,18 +388,21 @@ async def test_master_down_is_a_setup_error(tmp_path: Path, prepared: Prepared, 
 
 
 async def test_restart_changes_only_what_was_asked(tmp_path: Path, prepared: Prepared, records: Path) -> None:
-    options = _options(tmp_path, segment_drop_wait_s=1.5)
     async with start_sandbox(
-        options, progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=_env(records)
     ) as sandbox:
         replica_b = sandbox.replicas[1]
         old = replica_b.process
         assert old is not None
         started = time.monotonic()
         await sandbox.restart_replica(1, speculative=False, engine=EngineMode.PATCHED)
-        # It returns only once the master can have dropped the old process's store segment.
-        assert time.monotonic() - started >= 1.5
+        # Stopped the kubelet's way: SIGTERM to the API server alone, which stopped its worker and
+        # unmounted its segment; the restart went on as soon as the master showed it gone, not after
+        # the client TTL (62 s here).
         assert group_members(old.pgid) == []
+        assert _workers_signalled(records) == []
+        assert time.monotonic() - started < MASTER_CLIENT_TTL_S / 2
+        assert await sandbox.store_capacity_bytes() == 2000  # A's segment and the new B's
         first, second = _recorded(records, replica_b.port)
         assert "--speculative-config" in first["argv"]  # type: ignore[operator]
         assert "--speculative-config" not in second["argv"]  # type: ignore[operator]
@@ -368,6 +416,32 @@ async def test_restart_changes_only_what_was_asked(tmp_path: Path, prepared: Pre
         assert replica_b.url == sandbox.replica_urls[1]
         (replica_a,) = _recorded(records, sandbox.replicas[0].port)  # replica A untouched
         assert "--speculative-config" in replica_a["argv"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    ("stop", "why"),
+    [
+        ("keeps-segment", "exits without unmounting, as workers force-killed by vLLM's default shutdown"),
+        ("ignores-sigterm", "never exits by itself and is killed at the end of its grace"),
+    ],
+)
+async def test_a_restart_refuses_to_go_on_while_the_master_lists_the_old_segment(
+    tmp_path: Path, prepared: Prepared, records: Path, stop: str, why: str
+) -> None:
+    options = _options(tmp_path, drain_grace_s=0.5, segment_drop_wait_s=1.0)
+    env = {**_env(records), "FAKE_STOP": stop}
+    async with start_sandbox(
+        options, progress=SilentProgress(), prepared=prepared, inherited_env=env
+    ) as sandbox:
+        old = sandbox.replicas[1].process
+        assert old is not None
+        with pytest.raises(
+            SandboxSetupError,
+            match=r"still lists 2000 bytes .* hold 1000\); the old segments were never unmounted",
+        ):
+            await sandbox.restart_replica(1)
+        assert group_members(old.pgid) == []  # stopped, killed if it had to be
+        assert len(_recorded(records, sandbox.replicas[1].port)) == 1  # and no replacement started
 
 
 async def test_cancellation_during_start_up_leaves_nothing_behind(
