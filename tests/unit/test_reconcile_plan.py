@@ -540,6 +540,21 @@ def test_only_the_recorded_traffic_says_who_serves() -> None:
     assert decided.status.traffic is not None and decided.status.traffic.serving == 0
 
 
+def test_each_label_is_for_the_pod_instance_observed() -> None:
+    """The label write carries the observed uid (a precondition at the API server): a pod created again
+    under its name after the snapshot is not the pod this decision is about."""
+    current = MooncakeServingStatus(
+        phase="Ready", canary=run("Passed", P0_ON, P1_ON), last_good_revision=NEW, out_of_traffic=[]
+    )
+    recreated = pod(0, instance="b", traffic="on")
+    decided = decide(
+        Case(resource(), current, observation(recreated, P1_ON), last_good=LastGood(NEW, resource().spec))
+    )
+    (write,) = [a for a in decided.actions if isinstance(a, actions.SetTraffic)]
+    assert dict(write.labels) == {P0.name: "off", P1.name: "off"}
+    assert dict(write.uids) == {P0.name: recreated.uid, P1.name: P1_ON.uid}
+
+
 def test_an_invalid_spec_says_why_and_posts_an_event_when_what_is_wrong_changes() -> None:
     stored = MooncakeServingStatus(phase="Ready")
     first = plan.invalid(stored, ["spec.replicas: too few"], generation=3, now=NOW)

@@ -295,8 +295,8 @@ class _Actor:
                     await write_last_good(self.kube, self.resource, spec, owner_uid=self.owner_uid())
                 case actions.WriteStatus(status=new):
                     await self.write_status(new)
-                case actions.SetTraffic(labels=labels):
-                    await set_traffic(self.kube, self.namespace, labels)
+                case actions.SetTraffic(labels=labels, uids=uids):
+                    await set_traffic(self.kube, self.namespace, labels, uids)
                 case actions.RemoveSets(names=names):
                     logger.info("%s/%s removing replica sets %s", self.namespace, self.name, ", ".join(names))
                     await remove_replica_sets(

@@ -72,9 +72,12 @@ class WriteStatus:
 
 @dataclass(frozen=True)
 class SetTraffic:
-    """Pod name -> traffic label value, only for pods whose label must change."""
+    """Pod name -> traffic label value, only for pods whose label must change; each label is for the pod
+    instance the decision observed (`uids`, pod name -> uid): a StatefulSet pod deleted and created
+    again under its name since is another, unproven instance and must not get it."""
 
     labels: Mapping[str, str]
+    uids: Mapping[str, str]
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class _Plan:
     run_canary: RunCanary | None = None
     record_last_good: MooncakeServingSpec | None = None
     remove_sets: tuple[str, ...] = ()
+    pod_uids: dict[str, str] = dataclasses.field(default_factory=dict)  # pod name -> the instance observed
 
 
 def canary_target(inputs: _Inputs) -> CanaryTarget:
@@ -340,7 +341,21 @@ def _plan(inputs: _Inputs) -> _Plan:
             removed += (sets.candidate,)
         next_status = _next_status(inputs, reported, revisions, canary, held, traffic, rollout)
         labels = label_changes(observation, traffic)
-        return _Plan(reported, next_status, labels, outcome, run_canary, record_last_good, tuple(removed))
+        uids = {
+            pod.name: pod.uid
+            for pod in (*observation.replicas.pods, *observation.others)
+            if pod.name in labels
+        }
+        return _Plan(
+            reported,
+            next_status,
+            labels,
+            outcome,
+            run_canary,
+            record_last_good,
+            tuple(removed),
+            pod_uids=uids,
+        )
 
     if inputs.fresh is None and not observation.ready:
         reported = status.not_ready(observation, revisions, canary, enabled=enabled)
@@ -459,7 +474,7 @@ def _decision(previous: MooncakeServingStatus, planned: _Plan, first: tuple[Acti
         actions.append(RecordLastGood(planned.record_last_good))
     actions += _status_actions(previous, planned.reported, planned.status)
     if planned.traffic_labels:
-        actions.append(SetTraffic(planned.traffic_labels))
+        actions.append(SetTraffic(planned.traffic_labels, planned.pod_uids))
     if planned.remove_sets:
         actions.append(RemoveSets(planned.remove_sets))
     if planned.run_canary is not None:
