@@ -129,7 +129,7 @@ class SandboxOptions:
     drain_grace_s: float = float(ENGINE_SHUTDOWN_SECONDS)
     # At most this long after a replica stopped until the master no longer lists its store segment: a
     # drained engine unmounts it at once, a killed one only leaves at the master's client TTL.
-    segment_drop_wait_s: float = MASTER_CLIENT_TTL_S + 2.0
+    segment_drop_wait_s: float = MASTER_CLIENT_TTL_S + 15.0  # slack for a stalled master
     # Highly available masters: a real etcd and this many masters electing a leader (0: one plain master).
     ha_masters: int = 0
     enable_oplog: bool = True

@@ -398,7 +398,7 @@ async def test_restart_changes_only_what_was_asked(tmp_path: Path, prepared: Pre
         await sandbox.restart_replica(1, speculative=False, engine=EngineMode.PATCHED)
         # Stopped the kubelet's way: SIGTERM to the API server alone, which stopped its worker and
         # unmounted its segment; the restart went on as soon as the master showed it gone, not after
-        # the client TTL (62 s here).
+        # the client TTL (60 s here).
         assert group_members(old.pgid) == []
         assert _workers_signalled(records) == []
         assert time.monotonic() - started < MASTER_CLIENT_TTL_S / 2
