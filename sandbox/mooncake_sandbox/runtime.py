@@ -442,6 +442,11 @@ class Sandbox:
         # Healthy replicas have mounted their segments; they share one store configuration, so each
         # holds the same share of the store (what a restart waits to see leave).
         self.segment_share_bytes = await self.store_capacity_bytes() // len(self.replicas)
+        if not self.segment_share_bytes:
+            raise SandboxSetupError(
+                "the replicas are healthy but the master counts no store segment: their store clients "
+                f"did not mount (see the replicas' logs in {self.run_dir})"
+            )
         await self._warm_store_paths(self.replicas)
 
     async def restart_replica(

@@ -77,14 +77,15 @@ if behaviour == "exit":
 # otherwise by FAKE_STOP, unmounts its segment; a worker that gets SIGTERM itself leaves a mark.
 segment = os.path.join(os.environ["FAKE_RECORDS"], "segments", str(port))
 os.makedirs(os.path.dirname(segment), exist_ok=True)
-with open(segment, "w") as out:
-    out.write("1000")
+if os.environ.get("FAKE_MOUNT", "yes") == "yes":
+    with open(segment, "w") as out:
+        out.write("1000")
 worker = subprocess.Popen([sys.executable, "-c", WORKER, record + ".worker-sigterm"])
 stop = os.environ.get("FAKE_STOP", "drains")
 
 def on_sigterm(signum, frame):
     worker.kill()
-    if stop == "drains":
+    if stop == "drains" and os.path.exists(segment):
         os.remove(segment)
     os._exit(0)
 
@@ -442,6 +443,17 @@ async def test_a_restart_refuses_to_go_on_while_the_master_lists_the_old_segment
             await sandbox.restart_replica(1)
         assert group_members(old.pgid) == []  # stopped, killed if it had to be
         assert len(_recorded(records, sandbox.replicas[1].port)) == 1  # and no replacement started
+
+
+async def test_replicas_whose_store_never_mounted_are_a_setup_error(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    env = {**_env(records), "FAKE_MOUNT": "no"}
+    with pytest.raises(SandboxSetupError, match="the master counts no store segment"):
+        async with start_sandbox(
+            _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=env
+        ):
+            pass
 
 
 async def test_cancellation_during_start_up_leaves_nothing_behind(
