@@ -24,8 +24,8 @@ async def set_traffic(
     """Pod name -> traffic label value, one merge patch per pod: pods going in first, so a BlueGreen
     switch never leaves the client Service empty. Returns the pods left alone because they are gone.
 
-    Each patch carries the observed pod's uid, which the API server takes as a precondition (409 when
-    the name now belongs to another pod, as the kubelet's own status patches do): a StatefulSet pod
+    Each patch carries the observed pod's uid, which the API server takes as a precondition (the uid is
+    immutable: another pod under the name refuses the patch): a StatefulSet pod
     deleted and created again since the decision is a new, unproven instance and keeps its template's
     `off`. Its creation is a pod event, so the next reconcile decides about it.
     """
@@ -35,7 +35,7 @@ async def set_traffic(
         try:
             await kube.patch_merge("v1", "Pod", name, patch, namespace, field_manager=FIELD_MANAGER)
         except KubeApiError as error:
-            if not (error.conflict or error.not_found):
+            if not (error.not_found or another_instance(error)):
                 raise
             logger.info(
                 "%s/%s: traffic %s not set: the observed pod (uid %s) is gone (%s)",
@@ -47,3 +47,14 @@ async def set_traffic(
             )
             gone.append(name)
     return gone
+
+
+def another_instance(error: KubeApiError) -> bool:
+    """The patch was refused because the name now belongs to another pod: 422 with the uid as the
+    invalid field (what kube-apiserver 1.20 answers, measured in the cluster tier), or a 409 conflict."""
+    if error.conflict:
+        return True
+    causes = error.details.get("causes") if error.status == 422 else None
+    return isinstance(causes, list) and any(
+        isinstance(cause, dict) and cause.get("field") == "metadata.uid" for cause in causes
+    )
