@@ -288,6 +288,8 @@ class Replica:
     process: ManagedProcess | None = None
     launch: EngineLaunch | None = None
     restarts: int = 0
+    # Between its old process's stop and its new one's launch: watchers (check_alive) leave it alone.
+    replacing: bool = False
 
     @property
     def name(self) -> str:
@@ -505,23 +507,32 @@ class Sandbox:
             bound = wanted[replica.index]
             replica.perturb_nats = None if bound is None else check_bound(bound)
         await self._prepare_perturbations(chosen)
-        await self._drain_replicas(chosen)
         for replica in chosen:
-            replica.engine = engine or replica.engine
-            replica.speculative = replica.speculative if speculative is None else speculative
-            replica.revision = replica.revision if revision is None else revision
-            if not isinstance(reasoning_parser, Keep):
-                replica.reasoning_parser = reasoning_parser
-            replica.restarts += 1
-            perturbed = f", logits perturbed <= {replica.perturb_nats:g} nats" if replica.perturb_nats else ""
-            parser = f", --reasoning-parser {replica.reasoning_parser}" if replica.reasoning_parser else ""
-            self.progress.phase(
-                f"restarting {replica.name}: engine {replica.engine.value}, "
-                f"{'eagle3' if replica.speculative else 'no speculative config'}, revision {replica.revision}"
-                + perturbed
-                + parser
-            )
-            self._launch(replica)
+            replica.replacing = True
+        try:
+            await self._drain_replicas(chosen)
+            for replica in chosen:
+                replica.engine = engine or replica.engine
+                replica.speculative = replica.speculative if speculative is None else speculative
+                replica.revision = replica.revision if revision is None else revision
+                if not isinstance(reasoning_parser, Keep):
+                    replica.reasoning_parser = reasoning_parser
+                replica.restarts += 1
+                perturbed = (
+                    f", logits perturbed <= {replica.perturb_nats:g} nats" if replica.perturb_nats else ""
+                )
+                parser = (
+                    f", --reasoning-parser {replica.reasoning_parser}" if replica.reasoning_parser else ""
+                )
+                draft = "eagle3" if replica.speculative else "no speculative config"
+                self.progress.phase(
+                    f"restarting {replica.name}: engine {replica.engine.value}, {draft}, "
+                    f"revision {replica.revision}" + perturbed + parser
+                )
+                self._launch(replica)
+        finally:
+            for replica in chosen:
+                replica.replacing = False
         await self._wait_healthy(chosen)
         await self._warm_store_paths(chosen)
 
@@ -566,6 +577,8 @@ class Sandbox:
         """Raise if the master or any replica has exited."""
         self.check_master()
         for replica in self.replicas:
+            if replica.replacing:
+                continue
             process = replica.process
             if process is None:
                 raise ReplicaDiedError(f"{replica.name} is stopped")

@@ -87,6 +87,8 @@ def on_sigterm(signum, frame):
     worker.kill()
     if stop == "drains" and os.path.exists(segment):
         os.remove(segment)
+    if stop == "unmounts-late":  # the master sees the segment leave 1.5 s after the process exited
+        subprocess.Popen(["sh", "-c", f"sleep 1.5; rm -f {segment}"], start_new_session=True)
     os._exit(0)
 
 signal.signal(signal.SIGTERM, signal.SIG_IGN if stop == "ignores-sigterm" else on_sigterm)
@@ -417,6 +419,20 @@ async def test_restart_changes_only_what_was_asked(tmp_path: Path, prepared: Pre
         assert replica_b.url == sandbox.replica_urls[1]
         (replica_a,) = _recorded(records, sandbox.replicas[0].port)  # replica A untouched
         assert "--speculative-config" in replica_a["argv"]  # type: ignore[operator]
+
+
+async def test_a_restart_under_the_sandboxs_own_guard_is_not_a_dead_replica(
+    tmp_path: Path, prepared: Prepared, records: Path
+) -> None:
+    # A scenario that restarts a replica while it watches every process (revision-change does): the
+    # replica is gone while the master still counts its segment, and that is the restart, not a death.
+    env = {**_env(records), "FAKE_STOP": "unmounts-late"}
+    async with start_sandbox(
+        _options(tmp_path), progress=SilentProgress(), prepared=prepared, inherited_env=env
+    ) as sandbox:
+        await sandbox.guard(sandbox.restart_replica(1))
+        sandbox.check_alive()
+        assert len(_recorded(records, sandbox.replicas[1].port)) == 2
 
 
 @pytest.mark.parametrize(
