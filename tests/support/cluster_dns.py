@@ -2,7 +2,7 @@
 
 CoreDNS is not obtainable from the package registries this project builds from. This feeder is the
 smallest honest replacement: every second it lists Services and Endpoints, writes a hosts file with
-the names the product uses, and sends dnsmasq SIGHUP when the file changed (dnsmasq re-reads it).
+the names the product uses, and sends dnsmasq SIGHUP when the file changed (dnsmasq re-reads it), once dnsmasq handles SIGHUP.
 
     SVC.NS.svc.cluster.local            -> the ClusterIP, or every ready endpoint of a headless Service
     HOSTNAME.SVC.NS.svc.cluster.local   -> the endpoint with that hostname (StatefulSet pods)
@@ -66,6 +66,30 @@ def _client(kubeconfig: Path) -> httpx.Client:
     )
 
 
+def handles_sighup(pid: int) -> bool:
+    """Whether process `pid` has installed a SIGHUP handler yet (its /proc status, `SigCgt`)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (signal.SIGHUP - 1)))
+
+
+def reload(dnsmasq_pid: int, timeout: float = 60.0) -> None:
+    """SIGHUP dnsmasq once it handles it: before that, SIGHUP's default action ends it, and a loaded
+    node started dnsmasq slower than this feeder's first listing (it died without a word, the cluster's
+    names stopped resolving and every engine's store client failed to reach its master)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not handles_sighup(dnsmasq_pid):
+            if time.monotonic() > deadline:
+                sys.exit(
+                    f"cluster-dns: dnsmasq (pid {dnsmasq_pid}) installed no SIGHUP handler in {timeout:.0f} s"
+                )
+            time.sleep(0.05)
+        os.kill(dnsmasq_pid, signal.SIGHUP)
+    except (FileNotFoundError, ProcessLookupError):
+        sys.exit(f"cluster-dns: dnsmasq (pid {dnsmasq_pid}) is gone: the cluster's names no longer resolve")
+
+
 def run(kubeconfig: Path, hosts: Path, dnsmasq_pid: int, interval: float) -> None:
     last = None
     with _client(kubeconfig) as http:
@@ -81,7 +105,7 @@ def run(kubeconfig: Path, hosts: Path, dnsmasq_pid: int, interval: float) -> Non
                     tmp = hosts.with_suffix(".tmp")
                     tmp.write_text(text)
                     tmp.replace(hosts)
-                    os.kill(dnsmasq_pid, signal.SIGHUP)
+                    reload(dnsmasq_pid)
                     last = text
             time.sleep(interval)
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
-from tests.support import cluster, kube_node
+from tests.support import cluster, cluster_dns, kube_node
 from tests.support.cluster_dns import hosts_entries, render_hosts
 
 from mooncake_operator.api.engine_flags import MANAGED_ENGINE_FLAGS
@@ -251,3 +254,26 @@ def test_claim_directories_are_fresh_and_handed_to_the_workloads_user(tmp_path: 
         made = (tmp_path / claim).stat()
         assert not any((tmp_path / claim).iterdir()), f"{claim} kept an earlier volume's files"
         assert (made.st_uid, made.st_gid, stat.S_IMODE(made.st_mode)) == (owner, owner, 0o700)
+
+
+def test_the_dns_feeder_signals_dnsmasq_only_once_it_handles_sighup(tmp_path: Path) -> None:
+    # A slow starter: SIGHUP before its handler is in place would end it (the default action).
+    mark = tmp_path / "reloaded"
+    slow = (
+        "import signal, sys, time\n"
+        "time.sleep(0.5)\n"
+        "signal.signal(signal.SIGHUP, lambda *_: open(sys.argv[1], 'w').close())\n"
+        "time.sleep(30)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", slow, str(mark)])
+    try:
+        cluster_dns.reload(child.pid, timeout=20)
+        deadline = time.monotonic() + 10
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mark.exists() and child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(SystemExit, match="is gone"):
+        cluster_dns.reload(child.pid, timeout=1)
