@@ -2,7 +2,8 @@
 
 CoreDNS is not obtainable from the package registries this project builds from. This feeder is the
 smallest honest replacement: every second it lists Services and Endpoints, writes a hosts file with
-the names the product uses, and sends dnsmasq SIGHUP when the file changed (dnsmasq re-reads it), once dnsmasq handles SIGHUP.
+the names the product uses, and sends dnsmasq SIGHUP when the file changed (dnsmasq re-reads it; only
+once dnsmasq handles SIGHUP, which otherwise ends it).
 
     SVC.NS.svc.cluster.local            -> the ClusterIP, or every ready endpoint of a headless Service
     HOSTNAME.SVC.NS.svc.cluster.local   -> the endpoint with that hostname (StatefulSet pods)
