@@ -29,12 +29,10 @@ async def label_of(kube: KubeClient, name: str, namespace: str) -> str:
 async def test_a_pod_created_again_under_its_name_does_not_get_the_label_decided_for_its_predecessor(
     kube: KubeClient, namespace: str
 ) -> None:
-    for name in ("demo-replica-0", "demo-replica-1", "demo-replica-2"):
+    names = [f"demo-replica-{ordinal}" for ordinal in range(3)]
+    for name in names:
         await kube.create(replica_pod(name, namespace))
-    observed = {
-        name: await uid_of(kube, name, namespace)
-        for name in ("demo-replica-0", "demo-replica-1", "demo-replica-2")
-    }
+    observed = {name: await uid_of(kube, name, namespace) for name in names}  # what the decision saw
     # After the decision: replica-0 is replaced (a StatefulSet keeps the name), replica-2 is deleted.
     await kube.delete("v1", "Pod", "demo-replica-0", namespace)
     await kube.create(replica_pod("demo-replica-0", namespace))
