@@ -25,9 +25,9 @@ async def set_traffic(
     switch never leaves the client Service empty. Returns the pods left alone because they are gone.
 
     Each patch carries the observed pod's uid, which the API server takes as a precondition (the uid is
-    immutable: another pod under the name refuses the patch): a StatefulSet pod
-    deleted and created again since the decision is a new, unproven instance and keeps its template's
-    `off`. Its creation is a pod event, so the next reconcile decides about it.
+    immutable: another pod under the name refuses the patch): a StatefulSet pod deleted and created
+    again since the decision is a new, unproven instance and keeps its template's `off`. Its creation
+    is a pod event, so the next reconcile decides about it.
     """
     gone = []
     for name, value in sorted(labels.items(), key=lambda item: (item[1] != TRAFFIC_ON, item[0])):
