@@ -4,7 +4,8 @@ One control plane per test session (`kube_cluster`); each test gets a fresh name
 (`namespace`) and an async API client with admin rights (`kube`). An operator test asks for `operator`:
 the CRD installed, two fake replicas (`fakes`) and the operator running in-process with `settings` (its
 test's namespace watched, resource `demo`'s replicas mapped to the fakes). Every test under tests/cluster
-is marked `cluster`.
+is marked `cluster`. A test's captured output lists the CPU stalls of this machine while it ran (no rerun:
+that is the e2e tier's alone), so a failure beside the e2e tier in CI says whether one fell inside it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from tests.cluster.operator_harness import RunningOperator, install_crd, operator_settings, run_operator
 from tests.support.apiserver import ControlPlane, start_control_plane
+from tests.support.cpu_stalls import cpu_stall_monitor, cpu_stall_watch  # noqa: F401 (fixtures)
 from tests.support.fake_vllm import FakeCluster
 
 from mooncake_operator.kube.client import KubeClient

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,13 +52,53 @@ def _cwd(pid: int) -> str:
         return ""
 
 
-def _leftover_servers(before: set[int]) -> list[str]:
-    """Server processes that did not exist before the command ran and still exist now."""
+def _run_marked() -> tuple[dict[str, str], bytes]:
+    """An environment for one run of the command, and the mark its every process inherits.
+
+    CI runs other tiers beside this one: their servers (a unit test's fake engine) start and stop while
+    the command runs, so "new since before" alone would blame them on it (seen in CI). The sandbox
+    passes its environment on to the master and every engine process; the mark tells ours apart."""
+    mark = f"MOONCAKE_TEST_RUN={uuid.uuid4().hex}"
+    key, value = mark.split("=", 1)
+    return {**os.environ, key: value}, mark.encode()
+
+
+def _carries(pid: int, mark: bytes) -> bool:
+    try:
+        return mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def _servers(pids: set[int], mark: bytes) -> list[str]:
+    """The server processes among `pids` that the marked run started."""
     return [
         f"{pid}: {_cmdline(pid)[:120]}"
-        for pid in sorted(_pids() - before)
-        if any(marker in _cmdline(pid) for marker in SERVER_MARKERS)
+        for pid in sorted(pids)
+        if any(marker in _cmdline(pid) for marker in SERVER_MARKERS) and _carries(pid, mark)
     ]
+
+
+def _leftover_servers(before: set[int], mark: bytes) -> list[str]:
+    """Server processes of the marked run that did not exist before it and still exist now."""
+    return _servers(_pids() - before, mark)
+
+
+@pytest.fixture
+def start_neighbour() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Starts a server process of another tier (as CI runs them beside this one) that outlives the run."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        started.append(
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", "mooncake_master"])
+        )
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
 
 
 def _wait_for(condition: object, timeout_s: float, what: str) -> None:
@@ -72,8 +114,11 @@ def _wait_for(condition: object, timeout_s: float, what: str) -> None:
 @pytest.mark.flaky(reruns=2, condition=stalled_during_test)
 def test_the_main_job_passes_on_the_patched_engine(prepared: Prepared, tmp_path: Path) -> None:
     before = _pids()
+    env, mark = _run_marked()
 
-    result = subprocess.run([*COMMAND, "--json"], capture_output=True, text=True, timeout=840, check=False)
+    result = subprocess.run(
+        [*COMMAND, "--json"], capture_output=True, text=True, timeout=840, check=False, env=env
+    )
 
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     outcome = json.loads(result.stdout)
@@ -84,14 +129,20 @@ def test_the_main_job_passes_on_the_patched_engine(prepared: Prepared, tmp_path:
     assert "block-size: 16 -> 32" in outcome["substitutions"]
     assert any("patch_connector.py status: patched" in line for line in outcome["substitutions"])
     assert [pair["load_get_keys"] for pair in outcome["canary"]["pairs"]] == [4, 4]
-    assert _leftover_servers(before) == []
+    assert _leftover_servers(before, mark) == []
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_run_stops_every_process_it_started(
-    prepared: Prepared, tmp_path: Path, signum: signal.Signals, code: int
+    prepared: Prepared,
+    tmp_path: Path,
+    signum: signal.Signals,
+    code: int,
+    start_neighbour: Callable[[], subprocess.Popen[bytes]],
 ) -> None:
     before = _pids()
+    env, mark = _run_marked()
+    neighbour = start_neighbour()
     stderr = tmp_path / "stderr.log"
     with stderr.open("w") as sink:
         process = subprocess.Popen(
@@ -99,6 +150,7 @@ def test_an_interrupted_run_stops_every_process_it_started(
             stdout=subprocess.PIPE,
             stderr=sink,
             text=True,
+            env=env,
         )
     try:
         _wait_for(lambda: "run directory" in stderr.read_text(), 120, "the run directory line")
@@ -106,8 +158,11 @@ def test_an_interrupted_run_stops_every_process_it_started(
         assert match is not None
         run_dir = match.group(1)
         # Interrupt while the replicas are loading: the hardest moment (engine cores being forked).
+        # Counting the marked servers also proves the mark reaches them, so the leftover check can fail.
         _wait_for(
-            lambda: sum(1 for pid in _pids() - before if _cwd(pid).startswith(run_dir)) >= 3,
+            lambda: (
+                len(_servers({pid for pid in _pids() - before if _cwd(pid).startswith(run_dir)}, mark)) >= 3
+            ),
             120,
             "the master and both replicas to start",
         )
@@ -122,4 +177,5 @@ def test_an_interrupted_run_stops_every_process_it_started(
     assert process.returncode == code, stderr.read_text()[-4000:]
     assert ("interrupted" if signum == signal.SIGINT else "terminated") in stdout
     assert [pid for pid in _pids() - before if _cwd(pid).startswith(run_dir)] == []
-    assert _leftover_servers(before) == []
+    assert neighbour.poll() is None  # new since `before`, a server, still running: yet not this run's
+    assert _leftover_servers(before, mark) == []
