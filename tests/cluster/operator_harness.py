@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import httpx
 from kopf.testing import KopfRunner
 from tests.support.apiserver import ControlPlane
+from tests.support.cpu_stalls import stalled_seconds_since
 from tests.support.fake_vllm import FakeCluster, Mode
 
 from mooncake_operator.api import crd
@@ -286,15 +287,21 @@ def run_operator(settings: OperatorSettings) -> Iterator[RunningOperator]:
 async def eventually(
     probe: Callable[[], Awaitable[T | None]], *, within: float = 30.0, what: str = "condition"
 ) -> T:
-    """Polls `probe` until it returns something truthy; fails with `what` after `within` seconds."""
-    deadline = time.monotonic() + within
+    """Polls `probe` until it returns something truthy; fails with `what` after `within` seconds of
+    this machine's running time: a CPU stall inside the wait (seen up to a minute beside CI's e2e tier)
+    froze what it waits for too, so it extends the deadline by its length."""
+    started, deadline = time.time(), time.monotonic() + within
     last: T | None = None
-    while time.monotonic() < deadline:
+    while True:
         last = await probe()
         if last:
             return last
+        if time.monotonic() >= deadline + stalled_seconds_since(started):
+            break
         await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {within}s waiting for {what}; last: {last!r}")
+    stalled = stalled_seconds_since(started)
+    beside = f" (plus {stalled:.1f} s of CPU stalls)" if stalled else ""
+    raise AssertionError(f"timed out after {within}s{beside} waiting for {what}; last: {last!r}")
 
 
 async def get_serving(kube: KubeClient, namespace: str, name: str = "demo") -> dict[str, Any]:

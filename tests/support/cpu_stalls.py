@@ -6,7 +6,8 @@ on the store transport fell inside such a stall, confirmed by the kernel ("BUG: 
 stuck for 56s!"; docs/sandbox.md, "The cause"). A failure without one fails at once, HTTP 500 included.
 
 Use: `pytest.mark.flaky(reruns=2, condition=stalled_during_test)` on the test, and the two fixtures
-below in its module or conftest (imported: `cpu_stall_watch` is autouse).
+below in its module or conftest (imported: `cpu_stall_watch` is autouse). The cluster tier imports the
+fixtures without the rerun: its waits leave the stalls out of their deadlines (`stalled_seconds_since`).
 Run alone to watch a machine: `python tests/support/cpu_stalls.py [--threshold-s S]` (JSON lines).
 """
 
@@ -30,6 +31,22 @@ _test_started = 0.0
 
 def stalls_during_test() -> list[CpuStall]:
     return _session_watch.stalls_since(_test_started) if _session_watch is not None else []
+
+
+def stalled_seconds_since(since: float) -> float:
+    """How long, since `since` (wall clock), some CPU of this machine ran nothing: the union of the
+    recorded stalls clipped to it, 0 without a watch. A wait that counts only the machine's running time
+    adds this to its deadline (the cluster tier's `eventually`): a stall pauses the process it waits
+    for, so the time it lasted says nothing of that process."""
+    if _session_watch is None:
+        return 0.0
+    total, covered_until = 0.0, since
+    for stall in sorted(_session_watch.stalls_since(since), key=lambda stall: stall.start):
+        start = max(stall.start, covered_until)
+        if stall.end > start:
+            total += stall.end - start
+            covered_until = stall.end
+    return total
 
 
 def stalled_during_test(error: BaseException | None = None) -> bool:

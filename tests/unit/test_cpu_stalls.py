@@ -1,4 +1,5 @@
-"""The per-CPU stall watch: the sandbox reports stalls with it, and the e2e tiers rerun only after one."""
+"""The per-CPU stall watch: the sandbox reports stalls with it, the e2e tiers rerun only after one, and
+the cluster tier's waits leave stalls out of their deadlines."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import time
 
 import pytest
+from tests.cluster.operator_harness import eventually
 from tests.support import cpu_stalls
 
 from mooncake_sandbox.cpu_stalls import CpuStall, CpuStallWatch
@@ -90,3 +92,47 @@ def test_a_failed_test_is_rerun_only_after_a_stall_that_ended_while_it_ran(
 def test_without_a_watch_nothing_is_rerun(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_stalls, "_session_watch", None)
     assert cpu_stalls.stalled_during_test(None) is False
+
+
+def test_stalled_seconds_count_overlapping_stalls_once_and_only_after_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    watch = CpuStallWatch()
+    watch._stalls += [
+        CpuStall(cpu=0, start=90.0, end=110.0, late_s=20.0),  # began before the wait: 10 s inside it
+        CpuStall(cpu=1, start=105.0, end=115.0, late_s=10.0),  # overlaps the first: 5 s more
+        CpuStall(cpu=0, start=130.0, end=136.0, late_s=6.0),
+        CpuStall(cpu=1, start=20.0, end=30.0, late_s=10.0),  # ended before the wait
+    ]
+    monkeypatch.setattr(cpu_stalls, "_session_watch", watch)
+    assert cpu_stalls.stalled_seconds_since(100.0) == pytest.approx(10.0 + 5.0 + 6.0)
+    assert cpu_stalls.stalled_seconds_since(200.0) == 0.0
+    monkeypatch.setattr(cpu_stalls, "_session_watch", None)
+    assert cpu_stalls.stalled_seconds_since(100.0) == 0.0
+
+
+async def test_the_cluster_tiers_wait_leaves_a_stall_out_of_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ready_at = time.monotonic() + 0.5
+
+    async def probe() -> bool:
+        return time.monotonic() >= ready_at
+
+    watch = CpuStallWatch()
+    monkeypatch.setattr(cpu_stalls, "_session_watch", watch)
+    with pytest.raises(AssertionError, match=r"timed out after 0.2s waiting for the probe; last: False"):
+        await eventually(probe, within=0.2, what="the probe")
+
+    ready_at = time.monotonic() + 0.5
+    now = time.time()
+    watch._stalls.append(CpuStall(cpu=0, start=now, end=now + 1.0, late_s=1.0))
+    assert await eventually(probe, within=0.2, what="the probe") is True
+
+    ready_at = time.monotonic() + 5.0
+    now = time.time()
+    watch._stalls[:] = [CpuStall(cpu=1, start=now, end=now + 1.0, late_s=1.0)]
+    with pytest.raises(
+        AssertionError, match=r"after 0.2s \(plus 1.0 s of CPU stalls\) waiting for the probe"
+    ):
+        await eventually(probe, within=0.2, what="the probe")
