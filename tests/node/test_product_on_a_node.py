@@ -355,7 +355,7 @@ def test_a_paused_rollout_changes_no_pod(node_cluster: kube_node.Images) -> None
 
 
 def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_serving(
-    node_cluster: kube_node.Images,
+    node_cluster: kube_node.Images, tmp_path: Path
 ) -> None:
     """Unpaused under a client load through the client Service: a surge pod and the retired replica
     come up on the corrupting engine, the canary fails them, and the old proven replica serves users
@@ -365,8 +365,10 @@ def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_servi
     url = client_url(NAME)
     with ClientLoad(url, cluster.client_model_name()) as load:
         time.sleep(BASELINE_S)  # the reference answer, from the proven pods
-        with ServedLedger(NAME) as ledger, TrafficSampler(NAME) as sampler:
-            started = time.monotonic()
+        # The engines' access logs followed: users' requests are told from the canary's by their source
+        # (the operator pod's address), even those of a canary run that never reached the status.
+        with ServedLedger(NAME, log_dir=tmp_path) as ledger, TrafficSampler(NAME) as sampler:
+            started, started_wall = time.monotonic(), time.time()
             rollout_to(node_cluster.engine_buggy, paused=False)
             verdict = cluster.wait_for_verdict(NAME, VERDICT_TIMEOUT, since_spec_change=True)
             verdict_s = time.monotonic() - started
@@ -408,7 +410,10 @@ def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_servi
     # two cores during the rollout), recorded and reported, not a failure of the rollout.
     assert not errors, f"users saw failures during the rollout: {errors[:5]}"
     assert len(answers) == 1, f"users got {len(answers)} different answers: a corrupting pod served"
-    assert not unproven, f"user requests reached unproven pods: {unproven}"
+    assert not unproven, (
+        f"user requests reached unproven pods: {unproven}; evidence (seconds after the rollout began): "
+        + json.dumps(ledger.unproven_evidence(born_after=time.time() - verdict_s, since=started_wall))
+    )
     assert kept, f"no old replica pod kept serving: {before} -> {replica_uids()}"
     held = {
         p["metadata"]["name"]

@@ -259,6 +259,7 @@ def failure_lines(log_text: str, start: datetime, end: datetime, limit: int = 20
 
 
 OPERATOR_IPS_EVERY = 5
+EVIDENCE_REQUESTS = 40  # an unproven instance's chat requests listed in its evidence, at most
 
 
 class ServedLedger:
@@ -404,8 +405,20 @@ class ServedLedger:
             return round(moment.timestamp() - since, 1) if moment is not None else None
 
         started = instance.started_at
+        logged = self.chat_requests_unproven(instance)
         return {
             "engine_started_s": round(started.timestamp() - since, 1) if started is not None else None,
+            # From its access log where the ledger followed it: who sent its chat requests while unproven.
+            "chat_requests_unproven": None
+            if logged is None
+            else [
+                (
+                    round(moment.timestamp() - since, 1),
+                    source,
+                    "operator" if source in self.operator_ips else "user",
+                )
+                for moment, source in logged[:EVIDENCE_REQUESTS]
+            ],
             "rises": [(round(at - since, 1), count, label) for at, count, label in instance.rises],
             "proven_by": instance.proven_by,
             "runs_seen": [
@@ -421,22 +434,29 @@ class ServedLedger:
             ],
         }
 
-    def logged_user_requests(self, instance: Instance) -> int | None:
-        """The chat requests in `instance`'s followed access log sent from any address but an operator
-        pod's and stamped before its proof finished; None without a log of its own (no `log_dir`, or a
-        container restarted in place, whose next process is not followed). Unlike its counter less the
-        runs in the status, this also tells apart the requests of a canary run that never reached the
-        status (cancelled by an operator restart)."""
+    def chat_requests_unproven(self, instance: Instance) -> list[tuple[datetime, str]] | None:
+        """(time, client address) of each chat request in `instance`'s followed access log stamped before
+        its proof finished; None without a log of its own (no `log_dir`, or a container restarted in
+        place, whose next process is not followed)."""
         if self.log_dir is None or instance.restarts:
             return None
         path = self.log_path(instance.pod, instance.uid)
         if not path.exists():
             return None
-        return sum(
-            1
+        return [
+            (moment, source)
             for moment, source in chat_requests(path.read_text(errors="replace"))
-            if source not in self.operator_ips and (instance.proven_at is None or moment < instance.proven_at)
-        )
+            if instance.proven_at is None or moment < instance.proven_at
+        ]
+
+    def logged_user_requests(self, instance: Instance) -> int | None:
+        """The chat requests of `chat_requests_unproven` sent from any address but an operator pod's.
+        Unlike its counter less the runs in the status, this also tells apart the requests of a canary
+        run that never reached the status (cancelled by an operator restart, or by a pod change)."""
+        logged = self.chat_requests_unproven(instance)
+        if logged is None:
+            return None
+        return sum(1 for _, source in logged if source not in self.operator_ips)
 
     def unproven_user_requests(self, *, born_after: float | None = None) -> dict[str, float]:
         """Per instance first seen unproven (`pod uid restarts`): the users' requests it served while

@@ -150,6 +150,15 @@ def test_with_followed_logs_the_users_requests_are_read_from_the_access_log(tmp_
     assert instance.proven_at == datetime(2026, 12, 2, 8, 0, 30, tzinfo=UTC)
     assert ledger.logged_user_requests(instance) == 1
     assert ledger.unproven_user_requests() == {"demo-replica-0 uid-0 r0": 1.0}
+    # Its evidence says who sent each chat request before the proof.
+    since = datetime(2026, 12, 2, 8, 0, 0, tzinfo=UTC).timestamp()
+    (evidence,) = ledger.unproven_evidence(born_after=0.0, since=since).values()
+    assert evidence["chat_requests_unproven"] == [
+        (10.0, "10.244.0.9", "operator"),
+        (20.5, "10.244.0.7", "operator"),
+        (21.0, "10.244.0.7", "operator"),
+        (25.0, "10.244.0.1", "user"),
+    ]
     # A restarted container's next process has no log of its own: the counters decide.
     ledger.record([((POD, "uid-0", 1), 2.0, STARTED)], {})
     restarted = ledger.instances[(POD, "uid-0", 1)]
