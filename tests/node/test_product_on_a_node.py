@@ -362,6 +362,7 @@ def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_servi
     throughout: every sample of the Service has a proven pod, every answer is the reference one, no
     user request reaches a new pod."""
     before = replica_uids()
+    proven_ips = {p["status"].get("podIP") for p in replica_pods(NAME)}
     operator_restarts = operator_container_restarts()
     url = client_url(NAME)
     with ClientLoad(url, cluster.client_model_name()) as load:
@@ -414,6 +415,9 @@ def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_servi
     # two cores during the rollout), recorded and reported, not a failure of the rollout.
     assert not errors, f"users saw failures during the rollout: {errors[:5]}"
     assert len(answers) == 1, f"users got {len(answers)} different answers: a corrupting pod served"
+    # The Service itself: no address but the proven pods' ever joined it (the canary passed no new pod).
+    joined = {ip for sample in samples for ip in sample.endpoints} - proven_ips
+    assert not joined, f"unproven pods joined the client Service: {joined} (proven: {proven_ips})"
     assert not unproven, (
         f"user requests reached unproven pods: {unproven}; evidence (seconds after the rollout began): "
         + json.dumps(ledger.unproven_evidence(born_after=time.time() - verdict_s, since=started_wall))
