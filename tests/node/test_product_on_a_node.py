@@ -354,6 +354,9 @@ def test_a_paused_rollout_changes_no_pod(node_cluster: kube_node.Images) -> None
     assert NAME + "-replica-0" in message and NAME + "-replica-1" in message, message
 
 
+ROLLOUT_LOAD_TIMEOUT_S = 120.0
+
+
 def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_serving(
     node_cluster: kube_node.Images, tmp_path: Path
 ) -> None:
@@ -365,7 +368,11 @@ def test_an_in_place_rollout_to_a_corrupting_engine_keeps_a_proven_replica_servi
     proven_ips = {p["status"].get("podIP") for p in replica_pods(NAME)}
     operator_restarts = operator_container_restarts()
     url = client_url(NAME)
-    with ClientLoad(url, cluster.client_model_name()) as load:
+    # Users of an LLM wait minutes, not the fault tier's 30 s: while the new engines start beside it on two
+    # cores, the one serving engine queued requests past 30 s (seen: 16 ReadTimeouts among 109 saturated
+    # ticks, the Service never empty). A pod that never answers still times out here, and no unproven pod
+    # may join the Service at all (below).
+    with ClientLoad(url, cluster.client_model_name(), timeout_s=ROLLOUT_LOAD_TIMEOUT_S) as load:
         time.sleep(BASELINE_S)  # the reference answer, from the proven pods
         # The engines' access logs followed: users' requests are told from the canary's by their source
         # (the operator pod's address), even those of a canary run that never reached the status.

@@ -63,7 +63,15 @@ class ClientLoad:
     """Chat requests at `rate_per_s` to `url`, each on its own thread (at most `max_in_flight`; a tick
     with that many in flight is recorded as a failure, "overloaded", never silently skipped)."""
 
-    def __init__(self, url: str, model: str, *, rate_per_s: float = 1.0, max_in_flight: int = 8) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        rate_per_s: float = 1.0,
+        max_in_flight: int = 8,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
         self.url = url
         self.body = load_request(model)
         self.period = 1.0 / rate_per_s
@@ -79,9 +87,7 @@ class ClientLoad:
         # the Service says (its conntrack entry), and one the old pod closes as it shuts down resets the
         # request sent on it (a BlueGreen switch showed one ReadError so): clients that keep connections
         # alive retry on connection errors (docs/operator.md, "What faults do to users").
-        self._client = httpx.Client(
-            timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(max_keepalive_connections=0)
-        )
+        self._client = httpx.Client(timeout=timeout_s, limits=httpx.Limits(max_keepalive_connections=0))
 
     def __enter__(self) -> ClientLoad:
         self._thread.start()
